@@ -1,0 +1,209 @@
+"""The ``rollmux`` command line: simulate a trace, plan a set of jobs.
+
+Bad input never shows a traceback: one line naming file, line and field, exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollmux.core.cluster import Cluster
+from rollmux.core.errors import RollMuxError
+from rollmux.core.placement import POLICIES, make_policy, place
+from rollmux.core.spec import Planning, Pool
+from rollmux.inputs.jobfile import load_job_file
+from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
+from rollmux.report.plots import cost_rate_plot
+from rollmux.sim.compare import Comparison, compare
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+WIDE = 160
+"""Width when output is not a terminal, so tables piped to files and READMEs stay whole."""
+out = Console(width=None if sys.stdout.isatty() else WIDE)
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def friendly_errors(command: F) -> F:
+    """Turn RollMux's own errors into one red line and exit code 2."""
+
+    @wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (RollMuxError, ValueError) as error:
+            err.print(f"[bold red]error:[/] {error}", highlight=False)
+            raise typer.Exit(code=2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _policy_names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise ValueError(f"--policies: unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+    return names
+
+
+def _load_trace(trace: Path, profile: Path | None, slo_uniform: tuple[float, float], seed: int) -> Trace:
+    sampler = uniform_slo(slo_uniform[0], slo_uniform[1], seed)
+    return read_trace(trace, load_profile(profile) if profile else None, sampler)
+
+
+@app.command()
+@friendly_errors
+def simulate(
+    trace: Annotated[Path, typer.Argument(help="Production trace, or RollMux .jsonl/.csv job trace")],
+    profile: Annotated[Path | None, typer.Option(help="Phase-time profile (needed for a production trace)")] = None,
+    policies: Annotated[str, typer.Option(help="Comma-separated policies to compare")] = "rollmux,solo,colocated,random",
+    slo_uniform: Annotated[tuple[float, float], typer.Option(help="Draw each job's SLO from U(LOW, HIGH)")] = (1.2, 1.5),
+    seed: Annotated[int, typer.Option(help="Seed of SLO draws and random placement")] = 0,
+    planning: Annotated[Planning, typer.Option(help="Plan with mean or high-quantile phase times")] = Planning.HIGH,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here")] = None,
+    plot: Annotated[Path | None, typer.Option(help="PNG of cost rate over time (default: next to --json)")] = None,
+) -> None:
+    """Replay a trace under several placement policies and compare cost, efficiency and SLOs."""
+    names = _policy_names(policies)
+    loaded = _load_trace(trace, profile, slo_uniform, seed)
+    event_count = 2 * len(loaded.jobs)
+    with Progress(
+        TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as progress:
+        tasks = {n: progress.add_task(n, total=event_count) for n in names}
+        result = compare(loaded, names, seed=seed, planning=planning, on_event=lambda n: progress.advance(tasks[n]))
+    out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
+    out.print(fluid_line(result), highlight=False)
+    report = result.to_json()
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2))
+        out.print(f"results: {json_out}")
+    plot = plot or (json_out.with_name(json_out.stem + "-cost-rate.png") if json_out else Path("cost-rate.png"))
+    cost_rate_plot(report["cost_rate"], plot, f"Cost rate on {trace.name}")
+    out.print(f"picture: {plot}")
+
+
+def comparison_table(result: Comparison, title: str) -> Table:
+    ref = result.reference
+    table = Table(title=title)
+    for column in (
+        "policy", "cost $", "$/h", "node-h", f"cost / {ref}", "work/$", f"{ref} eff ×",
+        "SLO att.", "mean sd", "p99 sd", "busy R", "busy T", "peak R", "peak T",
+    ):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for name, sim in result.results.items():
+        s = sim.summary()
+        table.add_row(
+            name,
+            f"{s['cost_usd']:,.0f}",
+            f"{s['cost_usd_per_hour']:,.1f}",
+            f"{s['cost_node_hours']:,.0f}",
+            f"{result.cost_ratio(name):.3f}",
+            f"{s['work_efficiency']:.5f}",
+            f"{result.efficiency_ratio(name):.3f}",
+            f"{100 * s['slo_attainment']:.1f}%",
+            f"{s['mean_slowdown']:.3f}",
+            f"{s['p99_slowdown']:.3f}",
+            f"{100 * s['rollout_busy_fraction']:.0f}%",
+            f"{100 * s['train_busy_fraction']:.0f}%",
+            str(s["rollout_peak_nodes"]),
+            str(s["train_peak_nodes"]),
+        )
+    return table
+
+
+def fluid_line(result: Comparison) -> str:
+    ref = result.reference
+    parts = [f"{name}/fluid={sim.cost_usd / result.fluid_usd:.3f}" for name, sim in result.results.items()]
+    return f"fluid lower bound: ${result.fluid_usd:,.0f} — " + " ".join(parts) + f" (room left for {ref})"
+
+
+@app.command()
+@friendly_errors
+def plan(
+    jobs: Annotated[Path, typer.Argument(help="YAML file with a 'jobs' list (see examples/)")],
+    policy: Annotated[str, typer.Option(help="Placement policy")] = "rollmux",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the plan as JSON here")] = None,
+) -> None:
+    """Place a set of jobs in order and show groups, nodes, cycle times and slowdowns."""
+    job_file = load_job_file(jobs)
+    chosen = make_policy(_policy_names(policy)[0])
+    cluster = Cluster(cost=job_file.cost.to_model(), planning=job_file.planning)
+    for spec in job_file.specs():
+        place(cluster, chosen, spec)
+    solo_rate = sum(
+        s.rollout_width * cluster.cost.price(Pool.ROLLOUT) + s.train_width * cluster.cost.price(Pool.TRAIN)
+        for s in job_file.specs()
+    )
+    out.print(groups_table(cluster))
+    rate = cluster.cost_per_hour()
+    out.print(
+        f"cost ${rate:,.2f}/h on {cluster.nodes(Pool.ROLLOUT)} rollout + {cluster.nodes(Pool.TRAIN)} training nodes; "
+        f"solo-disaggregated ${solo_rate:,.2f}/h ({solo_rate / rate:.2f}× more)",
+        highlight=False,
+    )
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(plan_json(cluster), indent=2))
+
+
+def groups_table(cluster: Cluster) -> Table:
+    table = Table(title="co-execution groups")
+    for column in ("group", "rollout nodes", "train nodes", "cycle s", "T1 s", "T2 s", "jobs (slowdown / SLO)"):
+        table.add_column(column, justify="left" if column in ("group", "jobs (slowdown / SLO)") else "right")
+    for group in cluster.groups.values():
+        slow = group.slowdowns(cluster.planning)
+        jobs = ", ".join(f"{m.job.name} {slow[m.job.name]:.3f}/{m.job.slo:.2f}" for m in group.members)
+        table.add_row(
+            str(group.id),
+            " ".join(map(str, group.rollout_nodes)) or "-",
+            " ".join(map(str, group.train_nodes)),
+            f"{group.schedule.cycle:.1f}",
+            f"{group.schedule.t1:.1f}",
+            f"{group.schedule.t2:.1f}",
+            jobs,
+        )
+    return table
+
+
+def plan_json(cluster: Cluster) -> dict:
+    return {
+        "cost_usd_per_hour": cluster.cost_per_hour(),
+        "groups": [
+            {
+                "id": g.id,
+                "rollout_nodes": g.rollout_nodes,
+                "train_nodes": g.train_nodes,
+                "cycle_s": g.schedule.cycle,
+                "t1_s": g.schedule.t1,
+                "t2_s": g.schedule.t2,
+                "jobs": [
+                    {
+                        "name": m.job.name,
+                        "rollout_nodes": list(m.rollout_nodes),
+                        "train_nodes": list(m.train_nodes),
+                        "slowdown": g.slowdowns(cluster.planning)[m.job.name],
+                        "slo": m.job.slo,
+                    }
+                    for m in g.members
+                ],
+            }
+            for g in cluster.groups.values()
+        ],
+    }
+
+
+if __name__ == "__main__":
+    app()

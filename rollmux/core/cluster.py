@@ -1,0 +1,205 @@
+"""Cluster state: co-execution groups, the nodes they hold, and their schedules.
+
+The cluster is the only mutable object of the core. It changes through two calls,
+``commit`` (a placement decided by a policy) and ``remove`` (a departure), and never
+reads a clock or does I/O, so the simulator and the runtime drive it identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from rollmux.core.errors import UnknownJob
+from rollmux.core.roundrobin import Seat, SteadyState, steady_state
+from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
+
+
+class PlacementKind(str, Enum):
+    PACK = "pack"
+    SCALE_ROLLOUT = "scale-rollout"
+    ISOLATE = "isolate"
+
+
+@dataclass(frozen=True)
+class Member:
+    """A job seated in a group on named nodes. Co-located members run both phases on
+    their training nodes with their co-located phase times."""
+
+    job: JobSpec
+    rollout_nodes: tuple[int, ...]
+    train_nodes: tuple[int, ...]
+    colocated: bool = False
+
+    def seat(self, planning: Planning) -> Seat:
+        if self.colocated and self.job.colocated is not None:
+            rollout, train = self.job.colocated
+        else:
+            rollout, train = self.job.rollout, self.job.train
+        return Seat(rollout.planned(planning), train.planned(planning), self.rollout_nodes, self.train_nodes)
+
+    def solo_s(self, planning: Planning) -> float:
+        return self.job.solo_iteration(planning)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A possible placement of one job. Negative node ids stand for nodes to be added.
+
+    ``delta_per_hour`` is the marginal cost: the price of the nodes it adds.
+    """
+
+    kind: PlacementKind
+    group_id: int | None
+    member: Member
+    new_nodes: tuple[tuple[int, Pool], ...]
+    delta_per_hour: float
+
+
+@dataclass
+class Group:
+    """A set of jobs pinned to a fixed set of rollout and training nodes."""
+
+    id: int
+    rollout_nodes: list[int]
+    train_nodes: list[int]
+    members: list[Member]
+    schedule: SteadyState = field(default_factory=lambda: steady_state([]))
+
+    def seats(self, planning: Planning) -> list[Seat]:
+        return [m.seat(planning) for m in self.members]
+
+    def slowdowns(self, planning: Planning) -> dict[str, float]:
+        """Each member's period over its solo disaggregated iteration time."""
+        return {
+            m.job.name: period / m.solo_s(planning)
+            for m, period in zip(self.members, self.schedule.periods)
+        }
+
+    def mem_used_gb(self, node: int) -> float:
+        used = 0.0
+        for m in self.members:
+            if node in m.rollout_nodes and not m.colocated:
+                used += m.job.rollout_mem_gb
+            if node in m.train_nodes:
+                used += m.job.train_mem_gb
+        return used
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The decision returned to the driver: where the job went and what it cost."""
+
+    job: str
+    group_id: int
+    kind: PlacementKind
+    added_nodes: tuple[tuple[int, Pool], ...]
+    delta_per_hour: float
+
+
+@dataclass(frozen=True)
+class Removal:
+    job: str
+    group_id: int
+    released_nodes: tuple[tuple[int, Pool], ...]
+
+
+@dataclass
+class Cluster:
+    """All groups and nodes of one cluster under one cost model and planning mode."""
+
+    cost: CostModel = field(default_factory=CostModel)
+    planning: Planning = Planning.HIGH
+    groups: dict[int, Group] = field(default_factory=dict)
+    node_pool: dict[int, Pool] = field(default_factory=dict)
+    job_group: dict[str, int] = field(default_factory=dict)
+    _next_node: int = 0
+    _next_group: int = 0
+
+    def group_of(self, job: str) -> Group:
+        if job not in self.job_group:
+            raise UnknownJob(f"job {job!r} is not placed in this cluster")
+        return self.groups[self.job_group[job]]
+
+    def nodes(self, pool: Pool) -> int:
+        return sum(1 for p in self.node_pool.values() if p is pool)
+
+    def cost_per_hour(self) -> float:
+        return sum(self.cost.price(p) for p in self.node_pool.values())
+
+    def evaluate(self, group: Group | None, member: Member) -> SteadyState:
+        """Schedule the group would have with ``member`` added (pure: nothing changes)."""
+        seats = (group.seats(self.planning) if group else []) + [member.seat(self.planning)]
+        return steady_state(seats)
+
+    def commit(self, candidate: Candidate) -> Placement:
+        """Apply a candidate: allocate its new nodes, seat the job, reschedule the group."""
+        if candidate.member.job.name in self.job_group:
+            raise ValueError(f"job {candidate.member.job.name!r} is already placed")
+        renamed = {placeholder: self._allocate(pool) for placeholder, pool in candidate.new_nodes}
+        member = Member(
+            job=candidate.member.job,
+            rollout_nodes=tuple(renamed.get(n, n) for n in candidate.member.rollout_nodes),
+            train_nodes=tuple(renamed.get(n, n) for n in candidate.member.train_nodes),
+            colocated=candidate.member.colocated,
+        )
+        group = self.groups.get(candidate.group_id) if candidate.group_id is not None else None
+        if group is None:
+            group = Group(id=self._next_group, rollout_nodes=[], train_nodes=[], members=[])
+            self._next_group += 1
+            self.groups[group.id] = group
+        for placeholder, pool in candidate.new_nodes:
+            (group.rollout_nodes if pool is Pool.ROLLOUT else group.train_nodes).append(renamed[placeholder])
+        group.members.append(member)
+        self._reschedule(group)
+        self.job_group[member.job.name] = group.id
+        added = tuple((renamed[p], pool) for p, pool in candidate.new_nodes)
+        return Placement(member.job.name, group.id, candidate.kind, added, candidate.delta_per_hour)
+
+    def remove(self, job: str) -> Removal:
+        """Take a job out; release the nodes no remaining member uses, and empty groups."""
+        group = self.group_of(job)
+        group.members = [m for m in group.members if m.job.name != job]
+        del self.job_group[job]
+        in_use = {n for m in group.members for n in (*m.rollout_nodes, *m.train_nodes)}
+        released = tuple(
+            (n, self.node_pool[n]) for n in (*group.rollout_nodes, *group.train_nodes) if n not in in_use
+        )
+        for node, _ in released:
+            del self.node_pool[node]
+        group.rollout_nodes = [n for n in group.rollout_nodes if n in in_use]
+        group.train_nodes = [n for n in group.train_nodes if n in in_use]
+        if group.members:
+            self._reschedule(group)
+        else:
+            del self.groups[group.id]
+        return Removal(job, group.id, released)
+
+    def slowdowns(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for group in self.groups.values():
+            out.update(group.slowdowns(self.planning))
+        return out
+
+    def busy_node_fraction(self, pool: Pool) -> tuple[float, int]:
+        """(Sum of busy fractions of the pool's nodes, node count) for utilisation reports."""
+        busy = 0.0
+        count = 0
+        for group in self.groups.values():
+            for node in group.rollout_nodes if pool is Pool.ROLLOUT else group.train_nodes:
+                busy += group.schedule.busy_fraction(node)
+                count += 1
+        return busy, count
+
+    def jobs(self) -> Iterable[JobSpec]:
+        return (m.job for g in self.groups.values() for m in g.members)
+
+    def _allocate(self, pool: Pool) -> int:
+        node = self._next_node
+        self._next_node += 1
+        self.node_pool[node] = pool
+        return node
+
+    def _reschedule(self, group: Group) -> None:
+        group.schedule = steady_state(group.seats(self.planning))

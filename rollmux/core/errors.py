@@ -1,0 +1,20 @@
+"""Error types of the core: each names what went wrong in words a user can act on."""
+
+
+class RollMuxError(Exception):
+    """Base of every error RollMux raises on purpose."""
+
+
+class UnknownJob(RollMuxError, KeyError):
+    """A job name that the cluster does not hold."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class SLOInfeasible(RollMuxError):
+    """No placement, not even an isolated group, keeps the job within its SLO."""
+
+
+class ResidencyExceeded(RollMuxError):
+    """A job's resident state does not fit the host memory of any node of its pool."""

@@ -1,0 +1,226 @@
+"""Intra-group round-robin schedule, computed by an exact event simulation.
+
+Inside a co-execution group every node serves the phases of its jobs in a fixed cyclic
+order, so that each job runs exactly one rollout and one training phase per
+meta-iteration. The order is set first-come-first-served in the first meta-iteration
+(rollouts in arrival order, trainings in the order their rollouts end) and then kept.
+
+The schedule is a max-plus linear system: the state after a meta-iteration (when every
+node becomes free, when every job's training ends) determines the next one. Once the
+state repeats up to a common shift, the schedule is periodic forever, so the period is
+known exactly without guessing how long the start-up transient lasts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+ROLLOUT = "rollout"
+TRAIN = "train"
+
+_REL_TOL = 1e-9
+_MAX_CYCLICITY = 8
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One job's place in a group: its planned phase times and the nodes of each phase.
+
+    A co-located job names the same nodes for both phases.
+    """
+
+    rollout_s: float
+    train_s: float
+    rollout_nodes: tuple[int, ...]
+    train_nodes: tuple[int, ...]
+
+    @property
+    def solo_s(self) -> float:
+        return self.rollout_s + self.train_s
+
+
+@dataclass(frozen=True)
+class Order:
+    """Cyclic service order of seat indices, one sequence per phase kind."""
+
+    rollout: tuple[int, ...]
+    train: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PhaseRun:
+    """One executed phase in a simulated timeline."""
+
+    seat: int
+    phase: str
+    iteration: int
+    start: float
+    end: float
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Periodic regime of a group: per-seat period, the lower bounds and node loads."""
+
+    periods: tuple[float, ...]
+    t1: float
+    t2: float
+    busy_s: dict[int, float]
+    exact: bool
+
+    @property
+    def cycle(self) -> float:
+        return max(self.periods, default=0.0)
+
+    def slowdowns(self, seats: Sequence[Seat]) -> tuple[float, ...]:
+        return tuple(p / s.solo_s if s.solo_s > 0 else 1.0 for p, s in zip(self.periods, seats))
+
+    def busy_fraction(self, node: int) -> float:
+        period = self.cycle
+        return self.busy_s.get(node, 0.0) / period if period > 0 else 0.0
+
+
+def node_load(seats: Sequence[Seat]) -> dict[int, float]:
+    """Seconds of work each node must serve per meta-iteration."""
+    load: dict[int, float] = {}
+    for seat in seats:
+        for node in seat.rollout_nodes:
+            load[node] = load.get(node, 0.0) + seat.rollout_s
+        for node in seat.train_nodes:
+            load[node] = load.get(node, 0.0) + seat.train_s
+    return load
+
+
+def lower_bounds(seats: Sequence[Seat]) -> tuple[float, float]:
+    """(T1, T2): the longest dependency chain and the most loaded node, per meta-iteration."""
+    t1 = max((s.solo_s for s in seats), default=0.0)
+    t2 = max(node_load(seats).values(), default=0.0)
+    return t1, t2
+
+
+def fcfs_order(seats: Sequence[Seat]) -> Order:
+    """First-come-first-served order of the first meta-iteration, kept as the cycle.
+
+    Rollouts queue in seat (arrival) order; trainings queue in the order rollouts end.
+    """
+    rollout = tuple(range(len(seats)))
+    free: dict[int, float] = {}
+    rollout_end: list[float] = [0.0] * len(seats)
+    for i in rollout:
+        start = max((free.get(n, 0.0) for n in seats[i].rollout_nodes), default=0.0)
+        rollout_end[i] = start + seats[i].rollout_s
+        for n in seats[i].rollout_nodes:
+            free[n] = rollout_end[i]
+    train = tuple(sorted(rollout, key=lambda i: (rollout_end[i], i)))
+    return Order(rollout=rollout, train=train)
+
+
+def _rounds(seats: Sequence[Seat], order: Order) -> Iterator[tuple[list[float], list[float], tuple[float, ...]]]:
+    """Yield (rollout starts, train starts, state) for each meta-iteration.
+
+    The state is every node's free time followed by every seat's training end: all the
+    next meta-iteration depends on.
+    """
+    nodes = sorted({n for s in seats for n in (*s.rollout_nodes, *s.train_nodes)})
+    free = dict.fromkeys(nodes, 0.0)
+    train_end = [0.0] * len(seats)
+    while True:
+        rollout_start = [0.0] * len(seats)
+        train_start = [0.0] * len(seats)
+        for i in order.rollout:
+            seat = seats[i]
+            start = max(train_end[i], *(free[n] for n in seat.rollout_nodes))
+            rollout_start[i] = start
+            for n in seat.rollout_nodes:
+                free[n] = start + seat.rollout_s
+        for i in order.train:
+            seat = seats[i]
+            start = max(rollout_start[i] + seat.rollout_s, *(free[n] for n in seat.train_nodes))
+            train_start[i] = start
+            train_end[i] = start + seat.train_s
+            for n in seat.train_nodes:
+                free[n] = train_end[i]
+        yield rollout_start, train_start, (*(free[n] for n in nodes), *train_end)
+
+
+def _common_shift(now: tuple[float, ...], before: tuple[float, ...]) -> float | None:
+    """The shift if ``now`` equals ``before`` plus one constant in every entry, else None."""
+    shift = now[0] - before[0]
+    tol = _REL_TOL * max(1.0, abs(now[-1]))
+    if all(abs((a - b) - shift) <= tol for a, b in zip(now, before)):
+        return shift
+    return None
+
+
+def _components(seats: Sequence[Seat]) -> list[list[int]]:
+    """Seats grouped by shared nodes: each component is an irreducible max-plus system."""
+    parent = list(range(len(seats)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[int, int] = {}
+    for i, seat in enumerate(seats):
+        for n in (*seat.rollout_nodes, *seat.train_nodes):
+            if n in owner:
+                parent[find(i)] = find(owner[n])
+            else:
+                owner[n] = i
+    groups: dict[int, list[int]] = {}
+    for i in range(len(seats)):
+        groups.setdefault(find(i), []).append(i)
+    return list(groups.values())
+
+
+def _component_period(seats: Sequence[Seat], order: Order) -> tuple[float, bool]:
+    """Exact period of a connected set of seats, found when the state repeats."""
+    max_rounds = 40 * len(seats) + 40
+    history: list[tuple[float, ...]] = []
+    for k, (_, _, state) in enumerate(_rounds(seats, order)):
+        history.append(state)
+        for c in range(1, min(_MAX_CYCLICITY, k) + 1):
+            shift = _common_shift(state, history[k - c])
+            if shift is not None:
+                return shift / c, True
+        if k + 1 >= max_rounds:
+            half = len(history) // 2
+            return (history[-1][-1] - history[half][-1]) / (len(history) - 1 - half), False
+    raise AssertionError("unreachable")
+
+
+def steady_state(seats: Sequence[Seat], order: Order | None = None) -> SteadyState:
+    """Steady-state period of every seat under the cyclic order (FCFS by default)."""
+    if not seats:
+        return SteadyState(periods=(), t1=0.0, t2=0.0, busy_s={}, exact=True)
+    order = order or fcfs_order(seats)
+    periods = [0.0] * len(seats)
+    exact = True
+    for members in _components(seats):
+        position = {seat: k for k, seat in enumerate(members)}
+        sub = [seats[i] for i in members]
+        sub_order = Order(
+            rollout=tuple(position[i] for i in order.rollout if i in position),
+            train=tuple(position[i] for i in order.train if i in position),
+        )
+        period, found = _component_period(sub, sub_order)
+        exact = exact and found
+        for i in members:
+            periods[i] = period
+    t1, t2 = lower_bounds(seats)
+    return SteadyState(periods=tuple(periods), t1=t1, t2=t2, busy_s=node_load(seats), exact=exact)
+
+
+def timeline(seats: Sequence[Seat], iterations: int, order: Order | None = None) -> list[PhaseRun]:
+    """Every phase of the first ``iterations`` meta-iterations, for tests and Gantt charts."""
+    order = order or fcfs_order(seats)
+    runs: list[PhaseRun] = []
+    for k, (rollout_start, train_start, _) in zip(range(iterations), _rounds(seats, order)):
+        for i, seat in enumerate(seats):
+            runs.append(PhaseRun(i, ROLLOUT, k, rollout_start[i], rollout_start[i] + seat.rollout_s, seat.rollout_nodes))
+            runs.append(PhaseRun(i, TRAIN, k, train_start[i], train_start[i] + seat.train_s, seat.train_nodes))
+    return runs

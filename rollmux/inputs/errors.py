@@ -1,0 +1,31 @@
+"""The one error type of bad input: it names the file, the line and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from rollmux.core.errors import RollMuxError
+
+
+class InputError(RollMuxError):
+    """Bad user input, located as precisely as the format allows."""
+
+    def __init__(self, path: Path | str, reason: str, line: int | None = None, field: str | None = None):
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.reason = reason
+        where = self.path if line is None else f"{self.path}:{line}"
+        what = f"field '{field}': " if field else ""
+        super().__init__(f"{where}: {what}{reason}")
+
+
+def from_validation(path: Path | str, error: ValidationError, line: int | None = None, prefix: str = "") -> InputError:
+    """The first problem pydantic found, as an InputError naming its field."""
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or None
+    if prefix:
+        field = f"{prefix}.{field}" if field else prefix
+    return InputError(path, first["msg"], line=line, field=field)

@@ -1,0 +1,144 @@
+"""Job specs as users write them (YAML/JSON), validated with pydantic at the edge.
+
+``rollmux plan JOBS.yaml`` reads a :class:`JobFile`; the trace format reuses
+:class:`JobFields` for its per-job columns. Errors name the file, the line of the
+offending job in the YAML and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rollmux.core.spec import CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool
+from rollmux.inputs.errors import InputError, from_validation
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+"""Job names: letters, digits, '_', '.', '-'; never a path, a command or SQL text."""
+
+
+class JobFields(BaseModel):
+    """Phase times (mean and optional p99), widths, resident memory and SLO of one job."""
+
+    model_config = ConfigDict(extra="forbid")
+    rollout_s: float = Field(ge=0)
+    train_s: float = Field(ge=0)
+    rollout_p99_s: float | None = Field(default=None, ge=0)
+    train_p99_s: float | None = Field(default=None, ge=0)
+    colo_rollout_s: float | None = Field(default=None, ge=0)
+    colo_train_s: float | None = Field(default=None, ge=0)
+    rollout_width: int = Field(default=1, ge=1)
+    train_width: int = Field(default=1, ge=1)
+    rollout_mem_gb: float = Field(default=0.0, ge=0)
+    train_mem_gb: float = Field(default=0.0, ge=0)
+    slo: float | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent_times(self) -> JobFields:
+        if self.rollout_p99_s is not None and self.rollout_p99_s < self.rollout_s:
+            raise ValueError("rollout_p99_s is below rollout_s (the mean)")
+        if self.train_p99_s is not None and self.train_p99_s < self.train_s:
+            raise ValueError("train_p99_s is below train_s (the mean)")
+        if self.rollout_s + self.train_s <= 0:
+            raise ValueError("rollout_s + train_s must be positive")
+        if (self.colo_rollout_s is None) != (self.colo_train_s is None):
+            raise ValueError("give both colo_rollout_s and colo_train_s, or neither")
+        return self
+
+    def to_spec(self, name: str, slo: float) -> JobSpec:
+        colo = None
+        if self.colo_rollout_s is not None and self.colo_train_s is not None:
+            colo = (PhaseTime.fixed(self.colo_rollout_s), PhaseTime.fixed(self.colo_train_s))
+        return JobSpec(
+            name=name,
+            rollout=PhaseTime(self.rollout_s, self.rollout_p99_s or self.rollout_s),
+            train=PhaseTime(self.train_s, self.train_p99_s or self.train_s),
+            slo=slo,
+            rollout_width=self.rollout_width,
+            train_width=self.train_width,
+            rollout_mem_gb=self.rollout_mem_gb,
+            train_mem_gb=self.train_mem_gb,
+            colocated=colo,
+        )
+
+
+class PlanJob(JobFields):
+    name: str = Field(pattern=NAME_PATTERN)
+    slo: float = Field(ge=1)
+
+
+class CostFields(BaseModel):
+    """Optional override of the published cost model."""
+
+    model_config = ConfigDict(extra="forbid")
+    rollout_price_per_hour: float = Field(default=CostModel().rollout.price_per_hour, gt=0)
+    train_price_per_hour: float = Field(default=CostModel().train.price_per_hour, gt=0)
+    rollout_dram_gb: float = Field(default=CostModel().rollout.dram_gb, gt=0)
+    train_dram_gb: float = Field(default=CostModel().train.dram_gb, gt=0)
+    dram_reserve_gb: float = Field(default=CostModel().dram_reserve_gb, ge=0)
+
+    def to_model(self) -> CostModel:
+        return CostModel(
+            rollout=NodeType("rollout", Pool.ROLLOUT, self.rollout_price_per_hour, dram_gb=self.rollout_dram_gb),
+            train=NodeType("train", Pool.TRAIN, self.train_price_per_hour, dram_gb=self.train_dram_gb),
+            dram_reserve_gb=self.dram_reserve_gb,
+        )
+
+
+class JobFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    planning: Planning = Planning.HIGH
+    cost: CostFields = Field(default_factory=CostFields)
+    jobs: list[PlanJob] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> JobFile:
+        names = [j.name for j in self.jobs]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate:
+            raise ValueError(f"job name {duplicate!r} appears twice")
+        return self
+
+    def specs(self) -> list[JobSpec]:
+        return [j.to_spec(j.name, j.slo) for j in self.jobs]
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the YAML node at ``loc`` (or of its nearest existing parent)."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == key), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def load_job_file(path: Path) -> JobFile:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(path, "file not found") from None
+    try:
+        root = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise InputError(path, f"not valid YAML: {getattr(err, 'problem', err)}", line=mark.line + 1 if mark else None) from None
+    if not isinstance(raw, dict):
+        raise InputError(path, "expected a mapping with a 'jobs' list at the top level", line=1)
+    try:
+        return JobFile.model_validate(raw)
+    except ValidationError as err:
+        loc = err.errors()[0]["loc"]
+        return_error = from_validation(path, err, line=_line_of(root, loc))
+        raise return_error from None

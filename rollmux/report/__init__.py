@@ -1,0 +1,1 @@
+"""Pictures and tables of results: what a cluster owner reads."""

@@ -1,0 +1,72 @@
+"""Side-by-side comparison of placement policies on one trace, with ratios and bounds.
+
+Every ratio is computed from results of the same run; nothing is a constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rollmux.core.placement import make_policy
+from rollmux.core.spec import CostModel, Planning
+from rollmux.inputs.trace import Trace
+from rollmux.sim.simulator import SimResult, fluid_lower_bound_usd, simulate
+
+REFERENCE = "rollmux"
+
+
+@dataclass
+class Comparison:
+    results: dict[str, SimResult]
+    fluid_usd: float
+    seed: int
+
+    @property
+    def reference(self) -> str:
+        return REFERENCE if REFERENCE in self.results else next(iter(self.results))
+
+    def cost_ratio(self, policy: str) -> float:
+        """Cost of ``policy`` over the reference's cost: >1 means the reference is cheaper."""
+        return self.results[policy].cost_usd / self.results[self.reference].cost_usd
+
+    def efficiency_ratio(self, policy: str) -> float:
+        """Reference's work per dollar over ``policy``'s."""
+        return self.results[self.reference].work_efficiency / self.results[policy].work_efficiency
+
+    def to_json(self) -> dict:
+        ref = self.reference
+        return {
+            "reference": ref,
+            "seed": self.seed,
+            "policies": {name: r.summary() for name, r in self.results.items()},
+            "ratios": {
+                name: {
+                    f"cost_over_{ref}": self.cost_ratio(name),
+                    f"{ref}_work_efficiency_over": self.efficiency_ratio(name),
+                }
+                for name in self.results
+            },
+            "fluid_lower_bound": {
+                "cost_usd": self.fluid_usd,
+                "cost_usd_per_hour": self.fluid_usd / (self.results[ref].span_s / 3600.0),
+                **{f"{name}_over_fluid": r.cost_usd / self.fluid_usd for name, r in self.results.items()},
+            },
+            "cost_rate": {name: r.cost_rate for name, r in self.results.items()},
+        }
+
+
+def compare(
+    trace: Trace,
+    policies: Sequence[str],
+    seed: int = 0,
+    cost: CostModel | None = None,
+    planning: Planning = Planning.HIGH,
+    on_event: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Run every policy over the same trace; ``on_event(policy)`` reports progress."""
+    results = {}
+    for name in policies:
+        tick = (lambda n=name: on_event(n)) if on_event else None
+        results[name] = simulate(trace, make_policy(name, seed), cost=cost, planning=planning, on_event=tick)
+    return Comparison(results, fluid_lower_bound_usd(trace, cost), seed)
