@@ -14,6 +14,7 @@ from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -43,7 +44,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except (RollMuxError, ValueError) as error:
-            err.print(f"[bold red]error:[/] {error}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -53,7 +54,9 @@ def _policy_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
-        raise ValueError(f"--policies: unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+        raise ValueError(
+            f"--policies: unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}"
+        )
     return names
 
 
@@ -67,8 +70,13 @@ def _load_trace(trace: Path, profile: Path | None, slo_uniform: tuple[float, flo
 def simulate(
     trace: Annotated[Path, typer.Argument(help="Production trace, or RollMux .jsonl/.csv job trace")],
     profile: Annotated[Path | None, typer.Option(help="Phase-time profile (needed for a production trace)")] = None,
-    policies: Annotated[str, typer.Option(help="Comma-separated policies to compare")] = "rollmux,solo,colocated,random",
-    slo_uniform: Annotated[tuple[float, float], typer.Option(help="Draw each job's SLO from U(LOW, HIGH)")] = (1.2, 1.5),
+    policies: Annotated[
+        str, typer.Option(help="Comma-separated policies to compare")
+    ] = "rollmux,solo,colocated,random",
+    slo_uniform: Annotated[tuple[float, float], typer.Option(help="Draw each job's SLO from U(LOW, HIGH)")] = (
+        1.2,
+        1.5,
+    ),
     seed: Annotated[int, typer.Option(help="Seed of SLO draws and random placement")] = 0,
     planning: Annotated[Planning, typer.Option(help="Plan with mean or high-quantile phase times")] = Planning.HIGH,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here")] = None,
@@ -99,8 +107,20 @@ def comparison_table(result: Comparison, title: str) -> Table:
     ref = result.reference
     table = Table(title=title)
     for column in (
-        "policy", "cost $", "$/h", "node-h", f"cost / {ref}", "work/$", f"{ref} eff ×",
-        "SLO att.", "mean sd", "p99 sd", "busy R", "busy T", "peak R", "peak T",
+        "policy",
+        "cost $",
+        "$/h",
+        "node-h",
+        f"cost / {ref}",
+        "work/$",
+        f"{ref} eff ×",
+        "SLO att.",
+        "mean sd",
+        "p99 sd",
+        "busy R",
+        "busy T",
+        "peak R",
+        "peak T",
     ):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for name, sim in result.results.items():

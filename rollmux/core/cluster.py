@@ -66,6 +66,8 @@ class Group:
     train_nodes: list[int]
     members: list[Member]
     schedule: SteadyState = field(default_factory=lambda: steady_state([]))
+    budget_s: float = float("inf")
+    """The longest period every member tolerates (min of SLO × solo time), kept with the schedule."""
 
     def seats(self, planning: Planning) -> list[Seat]:
         return [m.seat(planning) for m in self.members]
@@ -74,7 +76,7 @@ class Group:
         """Each member's period over its solo disaggregated iteration time."""
         return {
             m.job.name: period / m.solo_s(planning)
-            for m, period in zip(self.members, self.schedule.periods)
+            for m, period in zip(self.members, self.schedule.periods, strict=False)
         }
 
     def mem_used_gb(self, node: int) -> float:
@@ -163,9 +165,7 @@ class Cluster:
         group.members = [m for m in group.members if m.job.name != job]
         del self.job_group[job]
         in_use = {n for m in group.members for n in (*m.rollout_nodes, *m.train_nodes)}
-        released = tuple(
-            (n, self.node_pool[n]) for n in (*group.rollout_nodes, *group.train_nodes) if n not in in_use
-        )
+        released = tuple((n, self.node_pool[n]) for n in (*group.rollout_nodes, *group.train_nodes) if n not in in_use)
         for node, _ in released:
             del self.node_pool[node]
         group.rollout_nodes = [n for n in group.rollout_nodes if n in in_use]
@@ -203,3 +203,4 @@ class Cluster:
 
     def _reschedule(self, group: Group) -> None:
         group.schedule = steady_state(group.seats(self.planning))
+        group.budget_s = min(m.job.slo * m.solo_s(self.planning) for m in group.members)

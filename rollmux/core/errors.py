@@ -12,9 +12,5 @@ class UnknownJob(RollMuxError, KeyError):
         return str(self.args[0])
 
 
-class SLOInfeasible(RollMuxError):
-    """No placement, not even an isolated group, keeps the job within its SLO."""
-
-
 class ResidencyExceeded(RollMuxError):
     """A job's resident state does not fit the host memory of any node of its pool."""

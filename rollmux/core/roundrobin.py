@@ -75,7 +75,7 @@ class SteadyState:
         return max(self.periods, default=0.0)
 
     def slowdowns(self, seats: Sequence[Seat]) -> tuple[float, ...]:
-        return tuple(p / s.solo_s if s.solo_s > 0 else 1.0 for p, s in zip(self.periods, seats))
+        return tuple(p / s.solo_s if s.solo_s > 0 else 1.0 for p, s in zip(self.periods, seats, strict=False))
 
     def busy_fraction(self, node: int) -> float:
         period = self.cycle
@@ -149,7 +149,7 @@ def _common_shift(now: tuple[float, ...], before: tuple[float, ...]) -> float | 
     """The shift if ``now`` equals ``before`` plus one constant in every entry, else None."""
     shift = now[0] - before[0]
     tol = _REL_TOL * max(1.0, abs(now[-1]))
-    if all(abs((a - b) - shift) <= tol for a, b in zip(now, before)):
+    if all(abs((a - b) - shift) <= tol for a, b in zip(now, before, strict=False)):
         return shift
     return None
 
@@ -219,8 +219,10 @@ def timeline(seats: Sequence[Seat], iterations: int, order: Order | None = None)
     """Every phase of the first ``iterations`` meta-iterations, for tests and Gantt charts."""
     order = order or fcfs_order(seats)
     runs: list[PhaseRun] = []
-    for k, (rollout_start, train_start, _) in zip(range(iterations), _rounds(seats, order)):
+    for k, (rollout_start, train_start, _) in zip(range(iterations), _rounds(seats, order), strict=False):
         for i, seat in enumerate(seats):
-            runs.append(PhaseRun(i, ROLLOUT, k, rollout_start[i], rollout_start[i] + seat.rollout_s, seat.rollout_nodes))
+            runs.append(
+                PhaseRun(i, ROLLOUT, k, rollout_start[i], rollout_start[i] + seat.rollout_s, seat.rollout_nodes)
+            )
             runs.append(PhaseRun(i, TRAIN, k, train_start[i], train_start[i] + seat.train_s, seat.train_nodes))
     return runs

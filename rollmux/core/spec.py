@@ -113,9 +113,7 @@ class CostModel:
     (H800) node and an H800 GPU-hour is $5.28.
     """
 
-    rollout: NodeType = field(
-        default_factory=lambda: NodeType("H20", Pool.ROLLOUT, 8 * TRAIN_GPU_HOUR_USD / 3)
-    )
+    rollout: NodeType = field(default_factory=lambda: NodeType("H20", Pool.ROLLOUT, 8 * TRAIN_GPU_HOUR_USD / 3))
     train: NodeType = field(default_factory=lambda: NodeType("H800", Pool.TRAIN, 8 * TRAIN_GPU_HOUR_USD))
     dram_reserve_gb: float = 200.0
 

@@ -133,7 +133,9 @@ def load_job_file(path: Path) -> JobFile:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        raise InputError(path, f"not valid YAML: {getattr(err, 'problem', err)}", line=mark.line + 1 if mark else None) from None
+        raise InputError(
+            path, f"not valid YAML: {getattr(err, 'problem', err)}", line=mark.line + 1 if mark else None
+        ) from None
     if not isinstance(raw, dict):
         raise InputError(path, "expected a mapping with a 'jobs' list at the top level", line=1)
     try:

@@ -29,6 +29,7 @@ from rollmux.inputs.catalog import host_memory_gb, node_width
 from rollmux.inputs.errors import InputError, from_validation
 from rollmux.inputs.jobfile import NAME_PATTERN, JobFields
 
+
 @dataclass(frozen=True)
 class TraceJob:
     spec: JobSpec
@@ -139,7 +140,9 @@ def read_production_trace(path: Path, profile: Profile, slo: SloSampler) -> Trac
         start = start or when
         t = (when - start).total_seconds()
         if t < last:
-            raise InputError(path, f"time goes backwards ({stamp} is before the previous event)", line=number, field="time")
+            raise InputError(
+                path, f"time goes backwards ({stamp} is before the previous event)", line=number, field="time"
+            )
         last = t
         if job_type not in profile.disagg:
             raise InputError(path, f"unknown job type {job_type!r}: not in the profile", line=number, field="type")
@@ -153,7 +156,12 @@ def read_production_trace(path: Path, profile: Profile, slo: SloSampler) -> Trac
             if name in departures:
                 raise InputError(path, f"job {name} departs twice", line=number, field="event")
             if arrivals[name][1] != job_type:
-                raise InputError(path, f"job {name} departs as {job_type} but arrived as {arrivals[name][1]}", line=number, field="type")
+                raise InputError(
+                    path,
+                    f"job {name} departs as {job_type} but arrived as {arrivals[name][1]}",
+                    line=number,
+                    field="type",
+                )
             departures[name] = t
         else:
             raise InputError(path, f"event must be +1, 1 or -1, got {sign!r}", line=number, field="event")

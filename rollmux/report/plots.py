@@ -36,6 +36,6 @@ def cost_rate_plot(series: Mapping[str, Sequence[tuple[float, float]]], path: Pa
 
 
 def _time_weighted_mean(points: Sequence[tuple[float, float]]) -> float:
-    total = sum(r * (t1 - t0) for (t0, r), (t1, _) in zip(points, points[1:]))
+    total = sum(r * (t1 - t0) for (t0, r), (t1, _) in zip(points, points[1:], strict=False))
     span = points[-1][0] - points[0][0]
     return total / span if span > 0 else points[0][1]

@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine (see README):
+#   make demo  - set up and run the production-trace comparison (table + picture in out/)
+#   make test  - set up and run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rollmux simulate data/traces/production-200jobs.trace \
+		--profile data/traces/production-profile.json \
+		--policies rollmux,solo,colocated,random --slo-uniform 1.2 1.5 --seed 0 \
+		--json out/production.json
+
+test: $(STAMP)
+	$(BIN)/ruff check rollmux tests bench
+	$(BIN)/ruff format --check rollmux tests bench
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/placement_latency.py --jobs 1000
+	$(BIN)/python bench/ablation.py
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,120 @@
+"""The trace simulator: exact integrals on hand-made traces, and the production result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rollmux.cli.main import app
+from rollmux.core.placement import RandomPolicy, RollMuxPolicy, SoloPolicy
+from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
+from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
+from rollmux.sim.compare import compare
+from rollmux.sim.simulator import fluid_lower_bound_usd, simulate
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+COST = CostModel()
+PAIR = COST.price(Pool.ROLLOUT) + COST.price(Pool.TRAIN)
+
+
+def spec(name: str, rollout: float, train: float, slo: float = 1.5) -> JobSpec:
+    return JobSpec(
+        name,
+        PhaseTime.fixed(rollout),
+        PhaseTime.fixed(train),
+        slo,
+        colocated=(PhaseTime.fixed(rollout), PhaseTime.fixed(train)),
+    )
+
+
+def two_overlapping_jobs() -> Trace:
+    # a: hours 0-2, b: hours 1-3; both balanced, so RollMux packs b next to a.
+    return Trace((TraceJob(spec("a", 100, 100), 0, 7200), TraceJob(spec("b", 100, 100), 3600, 10800)))
+
+
+def test_solo_cost_is_the_nodes_held_times_their_price():
+    result = simulate(two_overlapping_jobs(), SoloPolicy())
+    assert result.cost_usd == pytest.approx(4 * PAIR)
+    assert result.cost_node_hours == pytest.approx(8)
+    assert result.pools[Pool.TRAIN].peak_nodes == 2
+
+
+def test_rollmux_charges_one_pair_while_jobs_share_it():
+    result = simulate(two_overlapping_jobs(), RollMuxPolicy())
+    # hour 0-1: a alone; 1-2: a and b on one pair; 2-3: b alone on the same pair.
+    assert result.cost_usd == pytest.approx(3 * PAIR)
+    assert result.slo_attainment == 1.0
+    assert result.summary()["mean_slowdown"] == pytest.approx(1.0)
+
+
+def test_busy_fractions_are_exact():
+    result = simulate(two_overlapping_jobs(), SoloPolicy())
+    summary = result.summary()
+    assert summary["rollout_busy_fraction"] == pytest.approx(0.5)
+    assert summary["train_busy_fraction"] == pytest.approx(0.5)
+
+
+def test_slowdown_outside_the_slo_is_counted_as_a_miss():
+    tight = Trace((TraceJob(spec("a", 100, 100, slo=1.0), 0, 3600), TraceJob(spec("b", 150, 50, slo=1.0), 0, 3600)))
+    attained = [simulate(tight, RandomPolicy(seed=s)).slo_attainment for s in range(10)]
+    # Some seed packs the two on one rollout node: 250 s of rollout per 200 s iteration.
+    assert min(attained) == 0.0
+    assert simulate(tight, RollMuxPolicy()).slo_attainment == 1.0
+
+
+def test_fluid_bound_holds_each_job_at_its_average_demand():
+    trace = Trace((TraceJob(spec("a", 100, 100, slo=2.0), 0, 3600),))
+    assert fluid_lower_bound_usd(trace) == pytest.approx(PAIR / 4)
+
+
+@pytest.fixture(scope="module")
+def production():
+    trace = read_trace(
+        DATA / "production-200jobs.trace", load_profile(DATA / "production-profile.json"), uniform_slo(1.2, 1.5, 0)
+    )
+    return compare(trace, ["rollmux", "solo", "colocated", "random"], seed=0)
+
+
+def test_production_trace_meets_the_online_placement_bar(production):
+    assert production.cost_ratio("solo") >= 1.5
+    assert production.cost_ratio("colocated") >= 1.13
+    assert production.results["rollmux"].slo_attainment == 1.0
+
+
+def test_production_fluid_bound_is_below_every_slo_keeping_policy(production):
+    for name in ("rollmux", "solo", "colocated"):
+        assert production.results[name].cost_usd > production.fluid_usd
+    assert 2.7 <= production.results["solo"].cost_usd / production.fluid_usd <= 3.0
+
+
+def test_simulate_command_writes_json_and_picture(tmp_path):
+    out = tmp_path / "res.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            str(DATA / "production-200jobs.trace"),
+            "--profile",
+            str(DATA / "production-profile.json"),
+            "--policies",
+            "rollmux,solo",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for key in ("cost_node_hours", "cost_usd", "work_efficiency", "slo_attainment", "mean_slowdown", "p99_slowdown"):
+        assert key in report["policies"]["rollmux"]
+    assert report["ratios"]["solo"]["cost_over_rollmux"] > 1
+    picture = tmp_path / "res-cost-rate.png"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_command_prints_groups():
+    result = CliRunner().invoke(app, ["plan", str(Path(__file__).resolve().parents[1] / "examples" / "jobs.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "co-execution groups" in result.output and "math-7b" in result.output
