@@ -8,12 +8,12 @@ reads a clock or does I/O, so the simulator and the runtime drive it identically
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from rollmux.core.errors import UnknownJob
 from rollmux.core.roundrobin import Seat, SteadyState, steady_state
-from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
+from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 
 
 class PlacementKind(str, Enum):
@@ -175,6 +175,15 @@ class Cluster:
         else:
             del self.groups[group.id]
         return Removal(job, group.id, released)
+
+    def update_phase_times(self, job: str, rollout: PhaseTime, train: PhaseTime) -> None:
+        """Replace a running job's phase profile (e.g. by measured times) and reschedule its group."""
+        group = self.group_of(job)
+        group.members = [
+            replace(m, job=replace(m.job, rollout=rollout, train=train)) if m.job.name == job else m
+            for m in group.members
+        ]
+        self._reschedule(group)
 
     def slowdowns(self) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -19,10 +19,12 @@ state, so a job computes the same losses and rewards alone or multiplexed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
 
+from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState
 
 PLUS, EQUALS, BOS = 10, 11, 12
@@ -210,3 +212,31 @@ class GRPOTrainer:
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """The current weights (on CPU, for any transport) and their version."""
         return self.version, {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class GRPOJob:
+    """The shipped RL job: its roles for the workers and its driver loop.
+
+    It uses only the phase API (``phase``, ``Session.call``/``sync_weights``/``report``)
+    and the roles' sleep/wake state, the shape a veRL or ROLL job would adopt.
+    """
+
+    config: GRPOConfig
+    iterations: int
+
+    def role_factory(self, phase_name: str):
+        return partial(GRPORollout if phase_name == "rollout" else GRPOTrainer, self.config)
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        history = []
+        for iteration in range(session.iteration, self.iterations):
+            with phase("rollout"):
+                batch = session.call("rollout", "generate", iteration)
+            with phase("train"):
+                result = session.call("train", "train", batch)
+                session.sync_weights(session.call("train", "weights"))
+            metrics = session.fetch(result)
+            session.report(metrics)
+            history.append(metrics)
+        return history

@@ -49,7 +49,12 @@ class RoleState:
             for per_param in self.optimizer.state.values():
                 for key, value in per_param.items():
                     if torch.is_tensor(value) and value.dim() > 0:
-                        slots.append(_Slot(get=lambda d=per_param, k=key: d[k], put=lambda t, d=per_param, k=key: d.__setitem__(k, t)))
+                        slots.append(
+                            _Slot(
+                                get=lambda d=per_param, k=key: d[k],
+                                put=lambda t, d=per_param, k=key: d.__setitem__(k, t),
+                            )
+                        )
         return slots
 
     def sleep(self) -> float:
@@ -58,7 +63,9 @@ class RoleState:
         if self.awake:
             for slot in self._slots():
                 device_tensor = slot.get()
-                host = torch.empty(device_tensor.shape, dtype=device_tensor.dtype, pin_memory=self.device.type == "cuda")
+                host = torch.empty(
+                    device_tensor.shape, dtype=device_tensor.dtype, pin_memory=self.device.type == "cuda"
+                )
                 host.copy_(device_tensor)
                 slot.put(host)
             self.awake = False
