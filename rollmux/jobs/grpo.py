@@ -18,6 +18,7 @@ state, so a job computes the same losses and rewards alone or multiplexed.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import partial
 
@@ -82,10 +83,19 @@ class TinyTransformer(nn.Module):
         return self.head(hidden)
 
 
+_INIT_LOCK = threading.Lock()
+
+
 def make_policy(config: GRPOConfig) -> TinyTransformer:
-    """The initial policy; the same seed gives the same weights on every role."""
-    torch.manual_seed(config.seed)
-    return TinyTransformer(config)
+    """The initial policy, a pure function of the seed.
+
+    Roles of several jobs are built concurrently in one worker process (its actor is
+    threaded), and torch's initialisers draw from the global generator: without the lock
+    one job's construction would change another's weights.
+    """
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return TinyTransformer(config)
 
 
 def task_batch(config: GRPOConfig, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:

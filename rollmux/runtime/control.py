@@ -186,6 +186,11 @@ class ControlPlane:
             self.status[job].error = error
             self.changed.notify_all()
 
+    async def shutdown(self) -> None:
+        """Release every node (worker actors and placement groups) before the actor goes."""
+        async with self.placing:
+            self.nodes.release_all()
+
     def snapshot(self) -> dict[str, Any]:
         """Jobs, groups and cost rate, for progress displays and reports."""
         slowdowns = self.cluster.slowdowns()

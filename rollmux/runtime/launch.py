@@ -61,9 +61,18 @@ def run_jobs(
             try:
                 result.histories[name] = ray.get(ref)
             except ray.exceptions.RayTaskError as failure:
-                result.errors[name] = str(failure.cause)
+                result.errors[name] = _describe(failure)
         result.records = ray.get(control.phase_records.remote())
         result.snapshot = ray.get(control.snapshot.remote())
         return result
     finally:
+        ray.get(control.shutdown.remote())
         ray.kill(control)
+
+
+def _describe(failure: ray.exceptions.RayTaskError) -> str:
+    """The innermost cause of a failure that crossed actors, as 'Type: message'."""
+    cause: BaseException = failure
+    while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
+        cause = cause.cause
+    return f"{type(cause).__name__}: {cause}"

@@ -50,7 +50,7 @@ class NodeProvisioner:
 
     async def add(self, node_id: int, pool: Pool) -> ray.actor.ActorHandle:
         resource = POOL_RESOURCE[pool]
-        group = placement_group([{resource: 1.0}], strategy="STRICT_PACK", name=f"rollmux-node-{node_id}")
+        group = placement_group([{resource: 1.0}], strategy="STRICT_PACK")
         try:
             await asyncio.wait_for(group.ready(), timeout=self.ready_timeout_s)
         except asyncio.TimeoutError:
@@ -74,6 +74,10 @@ class NodeProvisioner:
 
     def worker(self, node_id: int) -> ray.actor.ActorHandle:
         return self.nodes[node_id].worker
+
+    def release_all(self) -> None:
+        for node_id in list(self.nodes):
+            self.release(node_id)
 
     def release(self, node_id: int) -> None:
         node = self.nodes.pop(node_id)

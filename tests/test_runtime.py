@@ -1,0 +1,120 @@
+"""The Ray runtime with real Ray and real torch: multiplexing, isolation of failures,
+on-policy weight sync, residency and capacity limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import ray
+
+from rollmux.core.spec import JobSpec, PhaseTime
+from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout
+from rollmux.runtime.control import RuntimeConfig
+from rollmux.runtime.launch import run_jobs, start_ray
+from rollmux.runtime.session import Session, phase
+from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
+
+SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
+
+
+def spec(name: str, slo: float = 2.0, rollout_width: int = 1) -> JobSpec:
+    return JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=slo, rollout_width=rollout_width)
+
+
+def grpo(seed: int, iterations: int = 4) -> GRPOJob:
+    return GRPOJob(GRPOConfig(seed=seed, **SMALL), iterations)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    start_ray(rollout_nodes=2, train_nodes=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def alone_and_multiplexed(local_ray):
+    alone = run_jobs([(spec("a"), grpo(seed=0))])
+    together = run_jobs([(spec("a"), grpo(seed=0)), (spec("b"), grpo(seed=1))])
+    return alone, together
+
+
+def test_multiplexing_does_not_change_what_a_job_computes(alone_and_multiplexed):
+    alone, together = alone_and_multiplexed
+    assert not alone.errors and not together.errors
+    solo = [(m["loss"], m["reward"]) for m in alone.histories["a"]]
+    shared = [(m["loss"], m["reward"]) for m in together.histories["a"]]
+    assert len(solo) == 4 and solo == shared
+    assert together.histories["a"] != together.histories["b"]
+
+
+def test_the_two_jobs_share_one_group_and_take_turns(alone_and_multiplexed):
+    _, together = alone_and_multiplexed
+    nodes = {(r.job, r.phase): r.nodes for r in together.records}
+    assert nodes[("a", "rollout")] == nodes[("b", "rollout")]
+    assert nodes[("a", "train")] == nodes[("b", "train")]
+    by_node: dict[int, list] = {}
+    for r in together.records:
+        for node in r.nodes:
+            by_node.setdefault(node, []).append((r.granted, r.released))
+    for spans in by_node.values():
+        spans.sort()
+        assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+    for job in ("a", "b"):
+        phases = [r.phase for r in sorted(together.records, key=lambda r: r.started) if r.job == job]
+        assert phases == ["rollout", "train"] * 4
+
+
+def test_warm_switches_are_measured(alone_and_multiplexed):
+    _, together = alone_and_multiplexed
+    assert all(r.wake_s > 0 and r.sleep_s > 0 for r in together.records)
+
+
+@dataclass(frozen=True)
+class ForgetsWeightSync(GRPOJob):
+    """A faulty job loop that never sends the trainer's weights to the rollout side."""
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        for iteration in range(self.iterations):
+            with phase("rollout"):
+                batch = session.call("rollout", "generate", iteration)
+            with phase("train"):
+                session.fetch(session.call("train", "train", batch))
+        return []
+
+
+def test_rollout_refuses_stale_weights_in_the_runtime(local_ray):
+    result = run_jobs([(spec("forgetful"), ForgetsWeightSync(GRPOConfig(**SMALL), 3))])
+    assert "StaleWeights" in result.errors["forgetful"]
+    assert "needs weights version 1, holds 0" in result.errors["forgetful"]
+    assert result.snapshot["nodes"] == {"rollout": 0, "train": 0}
+
+
+def test_residency_limit_is_enforced_when_a_role_is_loaded(local_ray):
+    result = run_jobs([(spec("big"), grpo(seed=0))], RuntimeConfig(host_limit_bytes=10_000))
+    assert "ResidencyExceeded" in result.errors["big"]
+    assert result.snapshot["nodes"] == {"rollout": 0, "train": 0}
+
+
+def test_a_placement_ray_cannot_provide_is_rolled_back(local_ray):
+    config = RuntimeConfig(ready_timeout_s=2.0)
+    result = run_jobs([(spec("wide", rollout_width=3), grpo(seed=0))], config)
+    assert "no free rollout node" in result.errors["wide"]
+    assert result.snapshot["jobs"] == {} and result.snapshot["nodes"] == {"rollout": 0, "train": 0}
+
+
+def test_phase_api_outside_a_job_is_refused():
+    with pytest.raises(ValueError, match="unknown phase"):
+        phase("evaluate")
+    with pytest.raises(RuntimeError, match="no session"), phase("rollout"):
+        pass
+
+
+def test_worker_refuses_a_call_outside_the_phase():
+    worker = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
+    worker.load("a", lambda: GRPORollout(GRPOConfig(**SMALL)))
+    with pytest.raises(PhaseNotGranted):
+        worker.call("a", "generate", 0)
+    worker.wake("a")
+    assert worker.call("a", "generate", 0)["iteration"] == 0
