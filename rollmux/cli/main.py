@@ -225,5 +225,28 @@ def plan_json(cluster: Cluster) -> dict:
     }
 
 
+@app.command()
+@friendly_errors
+def run(
+    example: Annotated[Path, typer.Argument(help="YAML file with the cluster and the jobs (see examples/run.yaml)")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Folder for run.json, timeline.json, gantt.png, rewards.png")
+    ] = Path("out/run"),
+) -> None:
+    """Run real GRPO jobs multiplexed on shared rollout and training workers on Ray."""
+    from rollmux.cli.run import execute
+    from rollmux.inputs.runfile import load_run_file
+
+    result = execute(load_run_file(example), out_dir, out)
+    for name, error in result.errors.items():
+        err.print(f"[bold red]job {escape(name)} failed:[/] {escape(error)}", soft_wrap=True)
+    out.print(
+        f"timeline: {out_dir / 'timeline.json'} (open in ui.perfetto.dev), gantt: {out_dir / 'gantt.png'}, "
+        f"rewards: {out_dir / 'rewards.png'}"
+    )
+    if result.errors:
+        raise typer.Exit(code=1)
+
+
 if __name__ == "__main__":
     app()

@@ -8,7 +8,7 @@ offending job in the YAML and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -16,8 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollmux.core.spec import CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool
 from rollmux.inputs.errors import InputError, from_validation
 
+M = TypeVar("M", bound=BaseModel)
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 """Job names: letters, digits, '_', '.', '-'; never a path, a command or SQL text."""
+
+
+def refuse_duplicates(names: list[str]) -> None:
+    """Raise (as a validation error) on the first job name given twice."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"job name {name!r} appears twice")
+        seen.add(name)
 
 
 class JobFields(BaseModel):
@@ -96,10 +107,7 @@ class JobFile(BaseModel):
 
     @model_validator(mode="after")
     def _unique_names(self) -> JobFile:
-        names = [j.name for j in self.jobs]
-        duplicate = next((n for n in names if names.count(n) > 1), None)
-        if duplicate:
-            raise ValueError(f"job name {duplicate!r} appears twice")
+        refuse_duplicates([j.name for j in self.jobs])
         return self
 
     def specs(self) -> list[JobSpec]:
@@ -122,7 +130,8 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
-def load_job_file(path: Path) -> JobFile:
+def load_yaml_model(path: Path, model: type[M]) -> M:
+    """Read a YAML file into ``model``; errors name the file, the YAML line and the field."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -133,14 +142,15 @@ def load_job_file(path: Path) -> JobFile:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        raise InputError(
-            path, f"not valid YAML: {getattr(err, 'problem', err)}", line=mark.line + 1 if mark else None
-        ) from None
+        line = mark.line + 1 if mark else None
+        raise InputError(path, f"not valid YAML: {getattr(err, 'problem', err)}", line=line) from None
     if not isinstance(raw, dict):
-        raise InputError(path, "expected a mapping with a 'jobs' list at the top level", line=1)
+        raise InputError(path, "expected a mapping at the top level", line=1)
     try:
-        return JobFile.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as err:
-        loc = err.errors()[0]["loc"]
-        return_error = from_validation(path, err, line=_line_of(root, loc))
-        raise return_error from None
+        raise from_validation(path, err, line=_line_of(root, err.errors()[0]["loc"])) from None
+
+
+def load_job_file(path: Path) -> JobFile:
+    return load_yaml_model(path, JobFile)

@@ -246,7 +246,5 @@ class GRPOJob:
             with phase("train"):
                 result = session.call("train", "train", batch)
                 session.sync_weights(session.call("train", "weights"))
-            metrics = session.fetch(result)
-            session.report(metrics)
-            history.append(metrics)
+            history.append(session.report(session.fetch(result)))
         return history

@@ -37,6 +37,7 @@ class Session:
         self.placement = placement
         self.job = placement.job
         self.iteration = 0
+        self.began = time.time()
         self.holding: str | None = None
         self._requested = self._granted = self._started = 0.0
         self._wake_s = 0.0
@@ -94,8 +95,12 @@ class Session:
         """Weight sync: deliver (version, weights) to every rollout node of the job."""
         ray.get([w.deliver.remote(self.job, published) for w in self.placement.workers_of(ROLLOUT)])
 
-    def report(self, metrics: dict[str, float]) -> None:
-        ray.get(self.control.progress.remote(self.job, self.iteration, metrics))
+    def report(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Tell the control plane how the job is doing; returns the metrics stamped with the
+        seconds since the job's session began."""
+        stamped = {**metrics, "elapsed_s": time.time() - self.began}
+        ray.get(self.control.progress.remote(self.job, self.iteration, stamped))
+        return stamped
 
 
 def attach(session: Session | None) -> None:
