@@ -39,9 +39,12 @@ def pool_of_ray_node() -> dict[str, Pool]:
     return pools
 
 
+def spec(name: str) -> JobSpec:
+    return JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=2.0)
+
+
 def test_workers_land_on_their_pool_and_a_group_shares_its_nodes(cluster):
     control = control_actor(RuntimeConfig())
-    spec = lambda name: JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=2.0)  # noqa: E731
     placements = [ray.get(control.submit.remote(spec(name))) for name in ("a", "b")]
     a, b = placements
     assert a.group_id == b.group_id
@@ -57,17 +60,20 @@ def test_workers_land_on_their_pool_and_a_group_shares_its_nodes(cluster):
     ray.kill(control)
 
 
-def test_jobs_run_across_ray_nodes_and_the_last_rollout_node_is_not_given_twice(cluster):
-    config = RuntimeConfig(ready_timeout_s=3.0)
-    same = JobSpec("a", PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=2.0)
-    mate = JobSpec("b", PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=2.0)
-    # Needs its own group (SLO 1 forbids sharing), but the only rollout node is taken.
+def test_a_group_runs_its_jobs_across_ray_nodes(cluster):
+    result = run_jobs([(spec("a"), GRPOJob(SMALL, 3)), (spec("b"), GRPOJob(SMALL, 3))])
+    assert not result.errors and set(result.histories) == {"a", "b"}
+    assert len({r.nodes for r in result.records}) == 2  # one rollout node, one training node, shared
+
+
+def test_ray_refuses_to_give_the_only_rollout_node_twice(cluster):
+    control = control_actor(RuntimeConfig(ready_timeout_s=3.0))
+    ray.get(control.submit.remote(spec("a")))
+    # Needs its own group (an SLO of 1 forbids sharing), but the only rollout node is reserved.
     loner = JobSpec("c", PhaseTime.fixed(5.0), PhaseTime.fixed(1.0), slo=1.0)
-    result = run_jobs(
-        [(same, GRPOJob(SMALL, 3)), (mate, GRPOJob(SMALL, 3)), (loner, GRPOJob(SMALL, 3))],
-        config,
-    )
-    assert set(result.histories) == {"a", "b"}
-    assert "no free rollout node" in result.errors["c"]
-    used = {r.nodes for r in result.records}
-    assert len(used) == 2  # one rollout node, one training node, shared by a and b
+    with pytest.raises(ray.exceptions.RayTaskError, match="no free rollout node"):
+        ray.get(control.submit.remote(loner))
+    snapshot = ray.get(control.snapshot.remote())
+    assert list(snapshot["jobs"]) == ["a"] and snapshot["nodes"] == {"rollout": 1, "train": 1}
+    ray.get(control.shutdown.remote())
+    ray.kill(control)
