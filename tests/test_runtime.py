@@ -3,6 +3,8 @@ on-policy weight sync, residency and capacity limits."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -10,7 +12,7 @@ import ray
 
 from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout
-from rollmux.runtime.control import RuntimeConfig
+from rollmux.runtime.control import ControlPlane, PhaseRecord, RuntimeConfig
 from rollmux.runtime.launch import run_jobs, start_ray
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
@@ -118,3 +120,32 @@ def test_worker_refuses_a_call_outside_the_phase():
         worker.call("a", "generate", 0)
     worker.wake("a")
     assert worker.call("a", "generate", 0)["iteration"] == 0
+
+
+def test_phase_decorator_form_needs_a_session_too():
+    @phase("train")
+    def step() -> None:
+        raise AssertionError("must not run outside a job")
+
+    with pytest.raises(RuntimeError, match="no session"):
+        step()
+
+
+def test_measured_phases_feed_the_jobs_profile_in_the_core(local_ray):
+    control = ControlPlane(RuntimeConfig())
+
+    async def scenario() -> PhaseTime:
+        await control.submit(spec("a"))
+        await control.activate("a")
+        for phase_name, seconds in (("rollout", 0.25), ("train", 0.5)):
+            await control.acquire("a", phase_name)
+            now = time.time()
+            record = PhaseRecord("a", phase_name, 0, (0,), now, now, now, now + seconds, now + seconds, 0.0, 0.0)
+            await control.release(record)
+        profile = control.cluster.group_of("a").members[0].job
+        await control.complete("a")
+        await control.shutdown()
+        return profile.rollout, profile.train
+
+    rollout, train = asyncio.run(scenario())
+    assert rollout.mean == pytest.approx(0.25) and train.mean == pytest.approx(0.5)
