@@ -19,7 +19,7 @@ import torch
 
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer
 
-BENCH_CONFIG = GRPOConfig(prompts_per_iteration=1536, train_groups=640, d_model=64, threads=1)
+BENCH_CONFIG = GRPOConfig.benchmark()
 
 
 def timed(action) -> float:

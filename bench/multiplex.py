@@ -17,15 +17,13 @@ from rollmux.jobs.grpo import GRPOConfig, GRPOJob
 from rollmux.runtime.control import PhaseRecord
 from rollmux.runtime.launch import run_jobs, start_ray
 
-BENCH_CONFIG = {"prompts_per_iteration": 1536, "train_groups": 640, "d_model": 64}
-
 
 def jobs(iterations: int) -> list[tuple[JobSpec, GRPOJob]]:
     # Equal planning estimates and an SLO of 2 let the core pack both jobs into one group.
     return [
         (
             JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=2.0),
-            GRPOJob(GRPOConfig(seed=seed, **BENCH_CONFIG), iterations),
+            GRPOJob(GRPOConfig.benchmark(seed), iterations),
         )
         for seed, name in enumerate(["job-a", "job-b"])
     ]
@@ -63,7 +61,7 @@ def mean_phase(records: list[PhaseRecord], phase: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=24, help="iterations per job")
+    parser.add_argument("--iterations", type=int, default=20, help="iterations per job")
     args = parser.parse_args()
     start_ray(rollout_nodes=1, train_nodes=1)
     sequential, seq_records = sequential_rate(args.iterations)

@@ -238,6 +238,7 @@ def run(
     from rollmux.inputs.runfile import load_run_file
 
     result = execute(load_run_file(example), out_dir, out)
+    out.print()
     for name, error in result.errors.items():
         err.print(f"[bold red]job {escape(name)} failed:[/] {escape(error)}", soft_wrap=True)
     out.print(

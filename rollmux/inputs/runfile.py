@@ -27,7 +27,7 @@ class GRPOFields(BaseModel):
     heads: int = Field(default=4, ge=1, le=32)
     lr: float = Field(default=3e-3, gt=0, le=1)
     clip: float = Field(default=0.2, gt=0, le=1)
-    entropy_coef: float = Field(default=0.02, ge=0)
+    entropy_coef: float = Field(default=0.1, ge=0)
     epochs: int = Field(default=1, ge=1, le=16)
     threads: int = Field(default=1, ge=1, le=64)
 
