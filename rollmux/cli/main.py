@@ -43,7 +43,7 @@ def friendly_errors(command: F) -> F:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (RollMuxError, ValueError) as error:
+        except (RollMuxError, ValueError, OSError) as error:
             err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=2) from None
 
@@ -247,6 +247,103 @@ def run(
     )
     if result.errors:
         raise typer.Exit(code=1)
+
+
+ServiceUrl = Annotated[str | None, typer.Option("--url", help="Service URL (default $ROLLMUX_URL or local)")]
+Token = Annotated[str | None, typer.Option("--token", help="Bearer token (default $ROLLMUX_TOKEN or the state dir's)")]
+StateDir = Annotated[Path | None, typer.Option("--state-dir", help="Where the service keeps its token and database")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+
+
+@app.command()
+@friendly_errors
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8765,
+    state_dir: StateDir = None,
+    db: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in the state dir)")] = None,
+    policy: Annotated[str, typer.Option(help="Placement policy")] = "rollmux",
+    ray_enabled: Annotated[bool, typer.Option("--ray/--no-ray", help="Start or join Ray for pool capacity")] = True,
+    ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster instead of starting one")] = None,
+    rollout_nodes: Annotated[int, typer.Option(help="Rollout nodes a locally started Ray offers")] = 64,
+    train_nodes: Annotated[int, typer.Option(help="Training nodes a locally started Ray offers")] = 64,
+) -> None:
+    """Run the durable control plane with its HTTP API (token in the state dir, 0600)."""
+    from rollmux.service.server import DEFAULT_STATE_DIR, ServeOptions
+    from rollmux.service.server import serve as run_service
+
+    _policy_names(policy)
+    options = ServeOptions(
+        host, port, state_dir or DEFAULT_STATE_DIR, db, policy, ray_enabled, ray_address, rollout_nodes, train_nodes
+    )
+    err.print(f"RollMux service on http://{host}:{port} — token in {options.state_dir / 'token'}", highlight=False)
+    run_service(options)
+
+
+def _client(url: str | None, token: str | None, state_dir: Path | None):
+    from rollmux.cli.client import Client
+
+    return Client(url, token, state_dir)
+
+
+@app.command()
+@friendly_errors
+def submit(
+    spec: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON (the fields of a `rollmux plan` job)")],
+    url: ServiceUrl = None,
+    token: Token = None,
+    state_dir: StateDir = None,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job to the service; prints where it was placed."""
+    from rollmux.cli.client import emit, jobs_table
+
+    job = _client(url, token, state_dir).submit(spec)
+    emit(out, job, as_json, jobs_table([job]))
+
+
+@app.command()
+@friendly_errors
+def status(
+    name: Annotated[str | None, typer.Argument(help="One job (default: all)")] = None,
+    url: ServiceUrl = None,
+    token: Token = None,
+    state_dir: StateDir = None,
+    as_json: AsJson = False,
+) -> None:
+    """Show jobs: state, group, nodes, slowdown, iterations, cost so far."""
+    from rollmux.cli.client import emit, jobs_table
+
+    client = _client(url, token, state_dir)
+    jobs = [client.request("GET", f"/v1/jobs/{name}")] if name else client.request("GET", "/v1/jobs")
+    emit(out, jobs[0] if name and as_json else jobs, as_json, jobs_table(jobs))
+
+
+@app.command()
+@friendly_errors
+def cancel(
+    name: Annotated[str, typer.Argument(help="The job to cancel")],
+    url: ServiceUrl = None,
+    token: Token = None,
+    state_dir: StateDir = None,
+    as_json: AsJson = False,
+) -> None:
+    """Cancel a running job; its group is re-evaluated and unused nodes released."""
+    from rollmux.cli.client import emit, jobs_table
+
+    job = _client(url, token, state_dir).request("DELETE", f"/v1/jobs/{name}")
+    emit(out, job, as_json, jobs_table([job]))
+
+
+@app.command()
+@friendly_errors
+def groups(url: ServiceUrl = None, token: Token = None, state_dir: StateDir = None, as_json: AsJson = False) -> None:
+    """Show the co-execution groups, their nodes, cycle times and slowdowns."""
+    from rollmux.cli.client import emit
+    from rollmux.cli.client import groups_table as service_groups_table
+
+    found = _client(url, token, state_dir).request("GET", "/v1/groups")
+    emit(out, found, as_json, service_groups_table(found))
 
 
 if __name__ == "__main__":

@@ -119,6 +119,32 @@ class Cluster:
     _next_node: int = 0
     _next_group: int = 0
 
+    @staticmethod
+    def restore(
+        cost: CostModel,
+        planning: Planning,
+        groups: Iterable[tuple[int, list[int], list[int], list[Member]]],
+        node_pool: dict[int, Pool],
+        next_node: int,
+        next_group: int,
+    ) -> Cluster:
+        """Rebuild a cluster exactly as it was persisted: same groups, nodes and members, in
+        the same order, with their schedules recomputed (they are derived state)."""
+        cluster = Cluster(cost=cost, planning=planning, node_pool=dict(node_pool))
+        for group_id, rollout_nodes, train_nodes, members in groups:
+            group = Group(group_id, list(rollout_nodes), list(train_nodes), list(members))
+            cluster.groups[group_id] = group
+            for member in members:
+                cluster.job_group[member.job.name] = group_id
+            cluster._reschedule(group)
+        cluster._next_node, cluster._next_group = next_node, next_group
+        return cluster
+
+    @property
+    def next_ids(self) -> tuple[int, int]:
+        """The next node id and group id to be handed out (persisted with the state)."""
+        return self._next_node, self._next_group
+
     def group_of(self, job: str) -> Group:
         if job not in self.job_group:
             raise UnknownJob(f"job {job!r} is not placed in this cluster")

@@ -6,7 +6,7 @@ user input happens at the edges (``rollmux.inputs``) before anything reaches her
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 
@@ -82,6 +82,22 @@ class JobSpec:
     def solo_iteration(self, planning: Planning = Planning.MEAN) -> float:
         """Iteration time alone on dedicated disaggregated nodes: the slowdown's denominator."""
         return self.rollout.planned(planning) + self.train.planned(planning)
+
+    def to_dict(self) -> dict:
+        """Plain data (for a store or a wire); :meth:`from_dict` reverses it exactly."""
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> JobSpec:
+        colocated = data.get("colocated")
+        return JobSpec(
+            **{
+                **data,
+                "rollout": PhaseTime(**data["rollout"]),
+                "train": PhaseTime(**data["train"]),
+                "colocated": tuple(PhaseTime(**p) for p in colocated) if colocated else None,
+            }
+        )
 
     def width(self, pool: Pool) -> int:
         return self.rollout_width if pool is Pool.ROLLOUT else self.train_width

@@ -20,6 +20,10 @@ M = TypeVar("M", bound=BaseModel)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 """Job names: letters, digits, '_', '.', '-'; never a path, a command or SQL text."""
+MAX_PHASE_S = 1e7
+MAX_WIDTH = 1024
+MAX_MEM_GB = 1e6
+MAX_SLO = 1000.0
 
 
 def refuse_duplicates(names: list[str]) -> None:
@@ -34,18 +38,18 @@ def refuse_duplicates(names: list[str]) -> None:
 class JobFields(BaseModel):
     """Phase times (mean and optional p99), widths, resident memory and SLO of one job."""
 
-    model_config = ConfigDict(extra="forbid")
-    rollout_s: float = Field(ge=0)
-    train_s: float = Field(ge=0)
-    rollout_p99_s: float | None = Field(default=None, ge=0)
-    train_p99_s: float | None = Field(default=None, ge=0)
-    colo_rollout_s: float | None = Field(default=None, ge=0)
-    colo_train_s: float | None = Field(default=None, ge=0)
-    rollout_width: int = Field(default=1, ge=1)
-    train_width: int = Field(default=1, ge=1)
-    rollout_mem_gb: float = Field(default=0.0, ge=0)
-    train_mem_gb: float = Field(default=0.0, ge=0)
-    slo: float | None = Field(default=None, ge=1)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    rollout_s: float = Field(ge=0, le=MAX_PHASE_S)
+    train_s: float = Field(ge=0, le=MAX_PHASE_S)
+    rollout_p99_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    train_p99_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    colo_rollout_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    colo_train_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    rollout_width: int = Field(default=1, ge=1, le=MAX_WIDTH)
+    train_width: int = Field(default=1, ge=1, le=MAX_WIDTH)
+    rollout_mem_gb: float = Field(default=0.0, ge=0, le=MAX_MEM_GB)
+    train_mem_gb: float = Field(default=0.0, ge=0, le=MAX_MEM_GB)
+    slo: float | None = Field(default=None, ge=1, le=MAX_SLO)
 
     @model_validator(mode="after")
     def _consistent_times(self) -> JobFields:
@@ -78,7 +82,7 @@ class JobFields(BaseModel):
 
 class PlanJob(JobFields):
     name: str = Field(pattern=NAME_PATTERN)
-    slo: float = Field(ge=1)
+    slo: float = Field(ge=1, le=MAX_SLO)
 
 
 class CostFields(BaseModel):

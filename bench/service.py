@@ -1,0 +1,77 @@
+"""Sustained submissions against a local ``rollmux serve`` (SQLite, WAL, fsync on commit).
+
+Starts a fresh service process, then ``--clients`` threads submit ``--jobs`` production-
+shaped jobs as fast as the service acknowledges them (each acknowledgement means the
+placement is committed to disk). The same clients' ``/healthz`` round trip is measured in
+the same run, so the cost of a durable placement shows as a ratio to a bare request.
+Last line: ``submit_per_s=… p99_ms=…``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.service_process import ServiceProcess  # noqa: E402
+from tests.test_service_crash import spec  # noqa: E402
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def timed_calls(call, count: int, clients: int) -> tuple[list[float], float]:
+    """Latencies (ms) of ``count`` calls from ``clients`` threads, and the wall time (s)."""
+
+    def one(i: int) -> float:
+        start = time.perf_counter()
+        call(i)
+        return (time.perf_counter() - start) * 1000
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        latencies = list(pool.map(one, range(count)))
+    return latencies, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        service = ServiceProcess(Path(folder)).start()
+        try:
+            with httpx.Client(headers=service.auth, timeout=60) as client:
+
+                def health(_i: int) -> None:
+                    client.get(service.url + "/healthz").raise_for_status()
+
+                def submit(i: int) -> None:
+                    response = client.post(service.url + "/v1/jobs", json=spec(i))
+                    if response.status_code != 201:
+                        raise RuntimeError(f"submission {i}: {response.status_code} {response.text}")
+
+                health_ms, _ = timed_calls(health, args.jobs, args.clients)
+                submit_ms, wall = timed_calls(submit, args.jobs, args.clients)
+                groups = len(client.get(service.url + "/v1/groups").json())
+        finally:
+            service.stop()
+    p50, p99 = statistics.median(submit_ms), quantile(submit_ms, 0.99)
+    print(f"jobs={args.jobs} clients={args.clients} groups={groups} wall_s={wall:.1f}")
+    print(f"healthz_ms p50={statistics.median(health_ms):.2f} p99={quantile(health_ms, 0.99):.2f}")
+    print(f"submit_ms p50={p50:.2f}; submit_over_healthz_p50={p50 / statistics.median(health_ms):.1f}x")
+    print(f"submit_per_s={args.jobs / wall:.1f} p99_ms={p99:.2f}")
+
+
+if __name__ == "__main__":
+    main()

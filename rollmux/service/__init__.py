@@ -1,0 +1,1 @@
+"""``rollmux serve``: the durable control plane behind an authenticated HTTP API."""

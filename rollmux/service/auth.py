@@ -1,0 +1,32 @@
+"""The service's bearer token: created on first start, readable by its owner only."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+TOKEN_FILE = "token"
+
+
+def ensure_token(state_dir: Path) -> str:
+    """Read the token, or create it (0600, in a 0700 folder) if this is the first start."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = state_dir / TOKEN_FILE
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_token(state_dir)
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+def read_token(state_dir: Path) -> str:
+    path = Path(state_dir) / TOKEN_FILE
+    token = path.read_text().strip()
+    if not token:
+        raise ValueError(f"{path} is empty: delete it to have a new token created")
+    return token
