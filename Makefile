@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/multiplex.py
 	$(BIN)/python bench/context_switch.py
 	$(BIN)/python bench/learning.py --iterations 100
+	$(BIN)/python bench/service.py
 
 clean:
 	rm -rf $(VENV) out

@@ -106,3 +106,16 @@ def test_cli_client_submit_status_groups_cancel(service, tmp_path):
     bad.write_text("name: x\nrollout_s: 1\ntrain_s: 1\nslo: 0\n")
     refused = runner.invoke(app, ["submit", str(bad), *common])
     assert refused.exit_code == 2 and "422" in refused.output and "field 'slo'" in refused.output
+
+
+def test_service_on_ray_takes_its_pool_capacity_from_the_ray_cluster(tmp_path):
+    service = ServiceProcess(tmp_path, extra=("--rollout-nodes", "1", "--train-nodes", "1")).start(timeout_s=120)
+    try:
+        assert post(service, {**BALANCED, "name": "first"}).status_code == 201
+        assert post(service, {**BALANCED, "name": "mate"}).status_code == 201  # packs: no new node
+        loner = post(service, {**BALANCED, "name": "loner", "rollout_s": 900, "slo": 1.0})
+        assert loner.status_code == 409 and "no free rollout node" in loner.json()["detail"]
+        names = [j["name"] for j in httpx.get(service.url + "/v1/jobs", headers=service.auth).json()]
+        assert names == ["first", "mate"]
+    finally:
+        service.stop()
