@@ -21,11 +21,12 @@ from rich.table import Table
 from rollmux.core.cluster import Cluster
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
-from rollmux.core.spec import Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, Planning, Pool
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.report.plots import cost_rate_plot
 from rollmux.sim.compare import Comparison, compare
+from rollmux.sim.simulator import Realisation, with_rollout_cv
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 WIDE = 160
@@ -78,19 +79,29 @@ def simulate(
         1.5,
     ),
     seed: Annotated[int, typer.Option(help="Seed of SLO draws and random placement")] = 0,
-    planning: Annotated[Planning, typer.Option(help="Plan with mean or high-quantile phase times")] = Planning.HIGH,
+    planning: Annotated[
+        Planning, typer.Option(help="Plan with the mean, a quantile or the worst case")
+    ] = DEFAULT_PLANNING,
+    rollout_cv: Annotated[
+        float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
+    ] = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of cost rate over time (default: next to --json)")] = None,
 ) -> None:
     """Replay a trace under several placement policies and compare cost, efficiency and SLOs."""
     names = _policy_names(policies)
     loaded = _load_trace(trace, profile, slo_uniform, seed)
+    realise = None
+    if rollout_cv > 0:
+        loaded, realise = with_rollout_cv(loaded, rollout_cv), Realisation(seed=seed)
     event_count = 2 * len(loaded.jobs)
     with Progress(
         TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
     ) as progress:
         tasks = {n: progress.add_task(n, total=event_count) for n in names}
-        result = compare(loaded, names, seed=seed, planning=planning, on_event=lambda n: progress.advance(tasks[n]))
+        result = compare(
+            loaded, names, seed=seed, planning=planning, on_event=lambda n: progress.advance(tasks[n]), realise=realise
+        )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)
     report = result.to_json()
@@ -184,7 +195,7 @@ def groups_table(cluster: Cluster) -> Table:
     for column in ("group", "rollout nodes", "train nodes", "cycle s", "T1 s", "T2 s", "jobs (slowdown / SLO)"):
         table.add_column(column, justify="left" if column in ("group", "jobs (slowdown / SLO)") else "right")
     for group in cluster.groups.values():
-        slow = group.slowdowns(cluster.planning)
+        slow = group.slowdowns()
         jobs = ", ".join(f"{m.job.name} {slow[m.job.name]:.3f}/{m.job.slo:.2f}" for m in group.members)
         table.add_row(
             str(group.id),
@@ -214,7 +225,7 @@ def plan_json(cluster: Cluster) -> dict:
                         "name": m.job.name,
                         "rollout_nodes": list(m.rollout_nodes),
                         "train_nodes": list(m.train_nodes),
-                        "slowdown": g.slowdowns(cluster.planning)[m.job.name],
+                        "slowdown": g.slowdowns()[m.job.name],
                         "slo": m.job.slo,
                     }
                     for m in g.members

@@ -13,7 +13,7 @@ from enum import Enum
 
 from rollmux.core.errors import UnknownJob
 from rollmux.core.roundrobin import Seat, SteadyState, steady_state
-from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime, Planning, Pool
 
 
 class PlacementKind(str, Enum):
@@ -33,14 +33,14 @@ class Member:
     colocated: bool = False
 
     def seat(self, planning: Planning) -> Seat:
-        if self.colocated and self.job.colocated is not None:
-            rollout, train = self.job.colocated
-        else:
-            rollout, train = self.job.rollout, self.job.train
+        rollout, train = self.phases()
         return Seat(rollout.planned(planning), train.planned(planning), self.rollout_nodes, self.train_nodes)
 
-    def solo_s(self, planning: Planning) -> float:
-        return self.job.solo_iteration(planning)
+    def phases(self) -> tuple[PhaseTime, PhaseTime]:
+        """The distributions of the member's two phases where it is seated."""
+        if self.colocated and self.job.colocated is not None:
+            return self.job.colocated
+        return self.job.rollout, self.job.train
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,10 @@ class Group:
     def seats(self, planning: Planning) -> list[Seat]:
         return [m.seat(planning) for m in self.members]
 
-    def slowdowns(self, planning: Planning) -> dict[str, float]:
-        """Each member's period over its solo disaggregated iteration time."""
+    def slowdowns(self) -> dict[str, float]:
+        """Each member's planned period over its mean solo disaggregated iteration time."""
         return {
-            m.job.name: period / m.solo_s(planning)
+            m.job.name: period / m.job.solo_iteration()
             for m, period in zip(self.members, self.schedule.periods, strict=False)
         }
 
@@ -112,7 +112,7 @@ class Cluster:
     """All groups and nodes of one cluster under one cost model and planning mode."""
 
     cost: CostModel = field(default_factory=CostModel)
-    planning: Planning = Planning.HIGH
+    planning: Planning = DEFAULT_PLANNING
     groups: dict[int, Group] = field(default_factory=dict)
     node_pool: dict[int, Pool] = field(default_factory=dict)
     job_group: dict[str, int] = field(default_factory=dict)
@@ -214,7 +214,7 @@ class Cluster:
     def slowdowns(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for group in self.groups.values():
-            out.update(group.slowdowns(self.planning))
+            out.update(group.slowdowns())
         return out
 
     def busy_node_fraction(self, pool: Pool) -> tuple[float, int]:
@@ -238,4 +238,4 @@ class Cluster:
 
     def _reschedule(self, group: Group) -> None:
         group.schedule = steady_state(group.seats(self.planning))
-        group.budget_s = min(m.job.slo * m.solo_s(self.planning) for m in group.members)
+        group.budget_s = min(m.job.period_budget for m in group.members)

@@ -88,8 +88,8 @@ def group_candidates(cluster: Cluster, group: Group, job: JobSpec) -> Iterator[C
 def _group_may_host(cluster: Cluster, group: Group, job: JobSpec) -> bool:
     """Cheap group-level prune: the job's chain and its training on the least loaded trainer
     must fit the tightest SLO in the group. Saturated groups fail here and are skipped."""
-    budget = min(group.budget_s, job.slo * job.solo_iteration(cluster.planning))
-    if job.solo_iteration(cluster.planning) > budget * (1 + _SLO_TOL):
+    budget = min(group.budget_s, job.period_budget)
+    if job.planned_iteration(cluster.planning) > budget * (1 + _SLO_TOL):
         return False
     load = group.schedule.busy_s
     least = min((load.get(n, 0.0) for n in group.train_nodes), default=float("inf"))
@@ -99,7 +99,7 @@ def _group_may_host(cluster: Cluster, group: Group, job: JobSpec) -> bool:
 def _may_fit(cluster: Cluster, group: Group | None, candidate: Candidate) -> bool:
     """Cheap necessary condition: the lower bounds with the job added stay within every SLO."""
     job = candidate.member.job
-    budget = job.slo * job.solo_iteration(cluster.planning)
+    budget = job.period_budget
     if group is not None:
         budget = min(budget, group.budget_s)
         load = group.schedule.busy_s
@@ -113,8 +113,7 @@ def _may_fit(cluster: Cluster, group: Group | None, candidate: Candidate) -> boo
 def _within_slo(cluster: Cluster, group: Group | None, candidate: Candidate, state: SteadyState) -> bool:
     members = (group.members if group else []) + [candidate.member]
     return all(
-        period <= m.job.slo * m.solo_s(cluster.planning) * (1 + _SLO_TOL)
-        for m, period in zip(members, state.periods, strict=False)
+        period <= m.job.period_budget * (1 + _SLO_TOL) for m, period in zip(members, state.periods, strict=False)
     )
 
 

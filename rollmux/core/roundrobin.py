@@ -13,8 +13,12 @@ known exactly without guessing how long the start-up transient lasts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+
+from rollmux.core.spec import PhaseTime
 
 ROLLOUT = "rollout"
 TRAIN = "train"
@@ -117,16 +121,25 @@ def fcfs_order(seats: Sequence[Seat]) -> Order:
     return Order(rollout=rollout, train=train)
 
 
-def _rounds(seats: Sequence[Seat], order: Order) -> Iterator[tuple[list[float], list[float], tuple[float, ...]]]:
+Durations = Callable[[], tuple[Sequence[float], Sequence[float]]]
+"""Draws one meta-iteration's (rollout, training) seconds for every seat."""
+
+
+def _rounds(
+    seats: Sequence[Seat], order: Order, durations: Durations | None = None
+) -> Iterator[tuple[list[float], list[float], tuple[float, ...]]]:
     """Yield (rollout starts, train starts, state) for each meta-iteration.
 
-    The state is every node's free time followed by every seat's training end: all the
-    next meta-iteration depends on.
+    Phase times are the seats' own unless ``durations`` draws them afresh every
+    meta-iteration. The state is every node's free time followed by every seat's training
+    end: all the next meta-iteration depends on.
     """
     nodes = sorted({n for s in seats for n in (*s.rollout_nodes, *s.train_nodes)})
     free = dict.fromkeys(nodes, 0.0)
     train_end = [0.0] * len(seats)
+    planned = ([s.rollout_s for s in seats], [s.train_s for s in seats])
     while True:
+        rollout_s, train_s = durations() if durations else planned
         rollout_start = [0.0] * len(seats)
         train_start = [0.0] * len(seats)
         for i in order.rollout:
@@ -134,15 +147,37 @@ def _rounds(seats: Sequence[Seat], order: Order) -> Iterator[tuple[list[float], 
             start = max(train_end[i], *(free[n] for n in seat.rollout_nodes))
             rollout_start[i] = start
             for n in seat.rollout_nodes:
-                free[n] = start + seat.rollout_s
+                free[n] = start + rollout_s[i]
         for i in order.train:
             seat = seats[i]
-            start = max(rollout_start[i] + seat.rollout_s, *(free[n] for n in seat.train_nodes))
+            start = max(rollout_start[i] + rollout_s[i], *(free[n] for n in seat.train_nodes))
             train_start[i] = start
-            train_end[i] = start + seat.train_s
+            train_end[i] = start + train_s[i]
             for n in seat.train_nodes:
                 free[n] = train_end[i]
         yield rollout_start, train_start, (*(free[n] for n in nodes), *train_end)
+
+
+def realised_periods(
+    seats: Sequence[Seat],
+    phases: Sequence[tuple[PhaseTime, PhaseTime]],
+    rng: random.Random,
+    rounds: int = 400,
+    warmup: int = 40,
+) -> tuple[float, ...]:
+    """Mean period of every seat when each phase's duration is drawn from its distribution.
+
+    The cyclic order is the one planned from the seats' (planned) times, as the runtime
+    would run it; the mean is taken after ``warmup`` meta-iterations of start-up.
+    """
+    order = fcfs_order(seats)
+
+    def draw() -> tuple[list[float], list[float]]:
+        return [r.sample(rng) for r, _ in phases], [t.sample(rng) for _, t in phases]
+
+    starts = [start for start, _, _ in itertools.islice(_rounds(seats, order, draw), rounds)]
+    span = rounds - 1 - warmup
+    return tuple((starts[-1][i] - starts[warmup][i]) / span for i in range(len(seats)))
 
 
 def _common_shift(now: tuple[float, ...], before: tuple[float, ...]) -> float | None:

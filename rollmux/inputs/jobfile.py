@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollmux.core.spec import CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool
 from rollmux.inputs.errors import InputError, from_validation
 
 M = TypeVar("M", bound=BaseModel)
@@ -105,7 +105,7 @@ class CostFields(BaseModel):
 
 class JobFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    planning: Planning = Planning.HIGH
+    planning: Planning = DEFAULT_PLANNING
     cost: CostFields = Field(default_factory=CostFields)
     jobs: list[PlanJob] = Field(min_length=1)
 

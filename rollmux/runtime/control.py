@@ -17,7 +17,7 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.control import ControlState
 from rollmux.core.placement import make_policy
 from rollmux.core.roundrobin import ROLLOUT
-from rollmux.core.spec import CostModel, JobSpec, Planning
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning
 from rollmux.runtime.nodes import NodeProvisioner
 
 CONTROL_NAME = "rollmux-control"
@@ -27,7 +27,7 @@ NAMESPACE = "rollmux"
 @dataclass(frozen=True)
 class RuntimeConfig:
     policy: str = "rollmux"
-    planning: Planning = Planning.HIGH
+    planning: Planning = DEFAULT_PLANNING
     cost: CostModel = field(default_factory=CostModel)
     host_limit_bytes: int = 8 * 2**30
     ready_timeout_s: float = 60.0

@@ -18,7 +18,7 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.control import ControlState, JobStatus
 from rollmux.core.errors import RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
-from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.service.store import LIVE_STATES, Store, StoredJob
 
 HOUR = 3600.0
@@ -56,7 +56,7 @@ class DurableControl:
         self,
         store: Store,
         cost: CostModel | None = None,
-        planning: Planning = Planning.HIGH,
+        planning: Planning = DEFAULT_PLANNING,
         policy: str = "rollmux",
         capacity: Capacity | None = None,
         clock: Callable[[], float] = time.time,
@@ -134,7 +134,7 @@ class DurableControl:
         with self.lock:
             out = []
             for g in self.cluster.groups.values():
-                slow = g.slowdowns(self.cluster.planning)
+                slow = g.slowdowns()
                 out.append(
                     {
                         "id": g.id,

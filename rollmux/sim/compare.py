@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rollmux.core.placement import make_policy
-from rollmux.core.spec import CostModel, Planning
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
 from rollmux.inputs.trace import Trace
-from rollmux.sim.simulator import SimResult, fluid_lower_bound_usd, simulate
+from rollmux.sim.simulator import Realisation, SimResult, fluid_lower_bound_usd, simulate
 
 REFERENCE = "rollmux"
 
@@ -61,12 +61,15 @@ def compare(
     policies: Sequence[str],
     seed: int = 0,
     cost: CostModel | None = None,
-    planning: Planning = Planning.HIGH,
+    planning: Planning = DEFAULT_PLANNING,
     on_event: Callable[[str], None] | None = None,
+    realise: Realisation | None = None,
 ) -> Comparison:
     """Run every policy over the same trace; ``on_event(policy)`` reports progress."""
     results = {}
     for name in policies:
         tick = (lambda n=name: on_event(n)) if on_event else None
-        results[name] = simulate(trace, make_policy(name, seed), cost=cost, planning=planning, on_event=tick)
+        results[name] = simulate(
+            trace, make_policy(name, seed), cost=cost, planning=planning, on_event=tick, realise=realise
+        )
     return Comparison(results, fluid_lower_bound_usd(trace, cost), seed)

@@ -7,12 +7,14 @@ constant, so every metric is an exact integral of piecewise-constant rates.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.placement import Policy, place
-from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
+from rollmux.core.roundrobin import realised_periods
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace, TraceJob
 
 _SLO_TOL = 1e-9
@@ -129,28 +131,53 @@ class _Rates:
     busy_nodes: dict[Pool, float]
 
 
-def _rates(cluster: Cluster) -> _Rates:
+@dataclass(frozen=True)
+class Realisation:
+    """Draw every phase of every iteration from its distribution, and account slowdowns
+    and SLOs on the realised periods instead of the planned ones."""
+
+    seed: int = 0
+    rounds: int = 400
+
+
+def _realised_slowdowns(cluster: Cluster, realise: Realisation, cache: dict) -> dict[str, float]:
+    """Realised slowdown of every job; each group composition is sampled once, with a
+    generator seeded by the run's seed and the composition, so runs are reproducible."""
+    out: dict[str, float] = {}
+    for group in cluster.groups.values():
+        key = tuple((m.job.name, m.rollout_nodes, m.train_nodes) for m in group.members)
+        if key not in cache:
+            rng = random.Random(f"{realise.seed}:{key}")
+            phases = [m.phases() for m in group.members]
+            periods = realised_periods(group.seats(cluster.planning), phases, rng, realise.rounds)
+            cache[key] = {m.job.name: p / m.job.solo_iteration() for m, p in zip(group.members, periods, strict=True)}
+        out.update(cache[key])
+    return out
+
+
+def _rates(cluster: Cluster, realise: Realisation | None, cache: dict) -> _Rates:
     busy = {pool: cluster.busy_node_fraction(pool)[0] for pool in Pool}
-    return _Rates(
-        cluster.cost_per_hour(),
-        cluster.slowdowns(),
-        {pool: cluster.nodes(pool) for pool in Pool},
-        busy,
-    )
+    slowdowns = _realised_slowdowns(cluster, realise, cache) if realise else cluster.slowdowns()
+    return _Rates(cluster.cost_per_hour(), slowdowns, {pool: cluster.nodes(pool) for pool in Pool}, busy)
 
 
 def simulate(
     trace: Trace,
     policy: Policy,
     cost: CostModel | None = None,
-    planning: Planning = Planning.HIGH,
+    planning: Planning = DEFAULT_PLANNING,
     on_event: Callable[[], None] | None = None,
+    realise: Realisation | None = None,
 ) -> SimResult:
-    """Replay ``trace`` under ``policy``; ``on_event`` is called once per event (progress)."""
+    """Replay ``trace`` under ``policy``; ``on_event`` is called once per event (progress).
+
+    With ``realise``, slowdowns and SLOs are those of sampled phase times (see Realisation).
+    """
     cluster = Cluster(cost=cost or CostModel(), planning=planning)
+    cache: dict = {}
     result = SimResult(policy=policy.name, span_s=trace.end)
     result.jobs = {j.spec.name: JobAccount(j.spec) for j in trace.jobs}
-    rates = _rates(cluster)
+    rates = _rates(cluster, realise, cache)
     now = 0.0
     for event in events(trace):
         _accrue(result, rates, event.time - now)
@@ -159,7 +186,7 @@ def simulate(
             place(cluster, policy, event.job.spec)
         else:
             cluster.remove(event.job.spec.name)
-        rates = _rates(cluster)
+        rates = _rates(cluster, realise, cache)
         result.cost_rate.append((now, rates.cost_per_hour))
         result.nodes_over_time.append((now, rates.nodes[Pool.ROLLOUT], rates.nodes[Pool.TRAIN]))
         for pool in Pool:
@@ -193,10 +220,16 @@ def fluid_lower_bound_usd(trace: Trace, cost: CostModel | None = None) -> float:
     total = 0.0
     for j in trace.jobs:
         spec = j.spec
-        period = spec.slo * spec.solo_iteration(Planning.MEAN)
+        period = spec.period_budget
         rate = (
             spec.rollout_width * spec.rollout.mean * cost.price(Pool.ROLLOUT)
             + spec.train_width * spec.train.mean * cost.price(Pool.TRAIN)
         ) / period
         total += rate * (j.departure - j.arrival) / HOUR
     return total
+
+
+def with_rollout_cv(trace: Trace, cv: float) -> Trace:
+    """The same jobs with lognormal rollout times of coefficient of variation ``cv``."""
+    jobs = tuple(replace(j, spec=replace(j.spec, rollout=j.spec.rollout.with_cv(cv))) for j in trace.jobs)
+    return replace(trace, jobs=jobs)
