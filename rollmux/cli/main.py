@@ -21,6 +21,7 @@ from rich.table import Table
 from rollmux.core.cluster import Cluster
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
+from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, Planning, Pool
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
@@ -82,6 +83,9 @@ def simulate(
     planning: Annotated[
         Planning, typer.Option(help="Plan with the mean, a quantile or the worst case")
     ] = DEFAULT_PLANNING,
+    regroup: Annotated[
+        bool, typer.Option("--regroup/--no-regroup", help="Let RollMux migrate running jobs when it pays")
+    ] = False,
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
@@ -100,7 +104,13 @@ def simulate(
     ) as progress:
         tasks = {n: progress.add_task(n, total=event_count) for n in names}
         result = compare(
-            loaded, names, seed=seed, planning=planning, on_event=lambda n: progress.advance(tasks[n]), realise=realise
+            loaded,
+            names,
+            seed=seed,
+            planning=planning,
+            on_event=lambda n: progress.advance(tasks[n]),
+            realise=realise,
+            regroup=RegroupConfig() if regroup else None,
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)

@@ -7,7 +7,7 @@ reads a clock or does I/O, so the simulator and the runtime drive it identically
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -184,6 +184,32 @@ class Cluster:
         self.job_group[member.job.name] = group.id
         added = tuple((renamed[p], pool) for p, pool in candidate.new_nodes)
         return Placement(member.job.name, group.id, candidate.kind, added, candidate.delta_per_hour)
+
+    def add_group(self, members: Sequence[Member]) -> Group:
+        """Seat several jobs at once in a new group on new nodes (a regrouping's target).
+
+        ``members`` name nodes by local ids; rollout and training ids must not overlap.
+        """
+        local_pools = {n: Pool.ROLLOUT for m in members for n in m.rollout_nodes}
+        local_pools.update({n: Pool.TRAIN for m in members for n in m.train_nodes})
+        renamed = {local: self._allocate(pool) for local, pool in sorted(local_pools.items())}
+        group = Group(id=self._next_group, rollout_nodes=[], train_nodes=[], members=[])
+        self._next_group += 1
+        for local, pool in sorted(local_pools.items()):
+            (group.rollout_nodes if pool is Pool.ROLLOUT else group.train_nodes).append(renamed[local])
+        for m in members:
+            if m.job.name in self.job_group:
+                raise ValueError(f"job {m.job.name!r} is already placed")
+            seated = replace(
+                m,
+                rollout_nodes=tuple(renamed[n] for n in m.rollout_nodes),
+                train_nodes=tuple(renamed[n] for n in m.train_nodes),
+            )
+            group.members.append(seated)
+            self.job_group[m.job.name] = group.id
+        self.groups[group.id] = group
+        self._reschedule(group)
+        return group
 
     def remove(self, job: str) -> Removal:
         """Take a job out; release the nodes no remaining member uses, and empty groups."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rollmux.core.placement import make_policy
+from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
 from rollmux.inputs.trace import Trace
 from rollmux.sim.simulator import Realisation, SimResult, fluid_lower_bound_usd, simulate
@@ -64,12 +65,20 @@ def compare(
     planning: Planning = DEFAULT_PLANNING,
     on_event: Callable[[str], None] | None = None,
     realise: Realisation | None = None,
+    regroup: RegroupConfig | None = None,
 ) -> Comparison:
     """Run every policy over the same trace; ``on_event(policy)`` reports progress."""
     results = {}
     for name in policies:
-        tick = (lambda n=name: on_event(n)) if on_event else None
+        tick = (lambda _cluster, n=name: on_event(n)) if on_event else None
+        regrouping = regroup if name == REFERENCE else None
         results[name] = simulate(
-            trace, make_policy(name, seed), cost=cost, planning=planning, on_event=tick, realise=realise
+            trace,
+            make_policy(name, seed),
+            cost=cost,
+            planning=planning,
+            on_event=tick,
+            realise=realise,
+            regroup=regrouping,
         )
     return Comparison(results, fluid_lower_bound_usd(trace, cost), seed)

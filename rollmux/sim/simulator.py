@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.placement import Policy, place
+from rollmux.core.regroup import RegroupConfig, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import realised_periods
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace, TraceJob
@@ -69,6 +70,8 @@ class SimResult:
     jobs: dict[str, JobAccount] = field(default_factory=dict)
     pools: dict[Pool, PoolAccount] = field(default_factory=lambda: {p: PoolAccount() for p in Pool})
     cost_rate: list[tuple[float, float]] = field(default_factory=list)
+    migrations: int = 0
+    migration_usd: float = 0.0
     nodes_over_time: list[tuple[float, int, int]] = field(default_factory=list)
 
     @property
@@ -101,6 +104,8 @@ class SimResult:
             "mean_slowdown": sum(slow) / len(slow) if slow else 1.0,
             "p99_slowdown": _quantile(slow, 0.99),
             "max_slowdown": slow[-1] if slow else 1.0,
+            "migrations": self.migrations,
+            "migration_usd": self.migration_usd,
         }
         for pool, account in self.pools.items():
             out[f"{pool.value}_node_hours"] = account.node_seconds / HOUR
@@ -166,12 +171,15 @@ def simulate(
     policy: Policy,
     cost: CostModel | None = None,
     planning: Planning = DEFAULT_PLANNING,
-    on_event: Callable[[], None] | None = None,
+    on_event: Callable[[Cluster], None] | None = None,
     realise: Realisation | None = None,
+    regroup: RegroupConfig | None = None,
 ) -> SimResult:
-    """Replay ``trace`` under ``policy``; ``on_event`` is called once per event (progress).
+    """Replay ``trace`` under ``policy``; ``on_event`` sees the cluster after every event.
 
     With ``realise``, slowdowns and SLOs are those of sampled phase times (see Realisation).
+    With ``regroup``, running jobs are re-placed after each event when it pays; each
+    migration is charged in dollars and in the moved jobs' lost progress.
     """
     cluster = Cluster(cost=cost or CostModel(), planning=planning)
     cache: dict = {}
@@ -186,14 +194,28 @@ def simulate(
             place(cluster, policy, event.job.spec)
         else:
             cluster.remove(event.job.spec.name)
+        if regroup:
+            _regroup(cluster, regroup, result)
         rates = _rates(cluster, realise, cache)
         result.cost_rate.append((now, rates.cost_per_hour))
         result.nodes_over_time.append((now, rates.nodes[Pool.ROLLOUT], rates.nodes[Pool.TRAIN]))
         for pool in Pool:
             result.pools[pool].peak_nodes = max(result.pools[pool].peak_nodes, rates.nodes[pool])
         if on_event:
-            on_event()
+            on_event(cluster)
     return result
+
+
+def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult) -> None:
+    plan = plan_regroup(cluster, config)
+    if plan is None:
+        return
+    apply_regroup(cluster, plan)
+    result.cost_usd += plan.migration_usd
+    result.migration_usd += plan.migration_usd
+    result.migrations += len(plan.moved)
+    for job in plan.moved:
+        result.jobs[job.name].work_s -= config.migration_s(job)
 
 
 def _accrue(result: SimResult, rates: _Rates, dt: float) -> None:
