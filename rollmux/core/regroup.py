@@ -5,7 +5,8 @@ After each event, the jobs of the most wasteful groups (the most idle capacity, 
 dollars per hour) are re-placed exactly (rollmux.core.optimum) as one neighbourhood of at
 most ``max_jobs`` jobs. The move is made when the hourly saving, over ``horizon_s``,
 repays the migration: every moved job pauses for ``pause_s`` plus ``s_per_gb`` per GB of
-its resident state, and the old and new nodes are both paid during the longest move.
+its resident state, and the old and new nodes of the moved groups are both paid during
+the longest move.
 Pure code: the simulator (and later the runtime) applies the plan and charges its cost.
 """
 
@@ -82,20 +83,22 @@ def plan_regroup(cluster: Cluster, config: RegroupConfig) -> RegroupPlan | None:
     saving = current - best.cost_per_hour
     if saving <= 1e-9:
         return None
-    # A group the optimum keeps (same jobs, same price) does not move.
-    unchanged = {(frozenset(m.job.name for m in g.members), _price(cluster, g)) for g in groups}
+    # A group the optimum keeps (same jobs, same price to the cent) does not move.
+    unchanged = {(frozenset(m.job.name for m in g.members), round(_price(cluster, g), 2)) for g in groups}
     moved_groups = [
         plan
         for plan in best.groups
-        if (frozenset(m.job.name for m in plan.members), plan.cost_per_hour) not in unchanged
+        if (frozenset(m.job.name for m in plan.members), round(plan.cost_per_hour, 2)) not in unchanged
     ]
     moved = tuple(m.job for plan in moved_groups for m in plan.members)
+    moved_names = {job.name for job in moved}
+    left = [g for g in groups if any(m.job.name in moved_names for m in g.members)]
     longest = max(config.migration_s(job) for job in moved)
-    migration_usd = (current + best.cost_per_hour) * longest / HOUR
+    both_paid = sum(_price(cluster, g) for g in left) + sum(plan.cost_per_hour for plan in moved_groups)
+    migration_usd = both_paid * longest / HOUR
     if saving * config.horizon_s / HOUR <= migration_usd:
         return None
-    moved_names = {job.name for job in moved}
-    out = tuple(g.id for g in groups if any(m.job.name in moved_names for m in g.members))
+    out = tuple(g.id for g in left)
     return RegroupPlan(out, tuple(moved_groups), moved, saving, longest, migration_usd)
 
 
