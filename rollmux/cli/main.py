@@ -85,7 +85,7 @@ def simulate(
     ] = DEFAULT_PLANNING,
     regroup: Annotated[
         bool, typer.Option("--regroup/--no-regroup", help="Let RollMux migrate running jobs when it pays")
-    ] = False,
+    ] = True,
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,

@@ -1,16 +1,17 @@
 """The exact cheapest placement of a set of running jobs, for small instances.
 
-Search space: a partition of the jobs into groups; in each group every job uses the
-group's first training nodes (as many as its width) and the jobs are split into rollout
-bins, each bin a set of rollout nodes its jobs share (as many as the widest job in it).
+Search space: a partition of the jobs into groups; each group has as many training nodes
+as its widest job trains on, and its jobs are split into rollout bins, each bin a set of
+rollout nodes its jobs share (as many as the widest job in it); a job narrower than its
+bin or than the trainers may sit on any of their nodes.
 A group is feasible when every member's steady-state period is within its SLO and every
 node's resident state fits its host memory.
 
 Only the cheapest feasible configuration of each subset of jobs can be part of an optimal
 partition, so the problem becomes a set partitioning over subsets, solved exactly as a
-MILP (scipy's HiGHS). Subsets whose lower bound (the training load on the shared trainer,
-or a job's own chain) already exceeds the tightest SLO are skipped; the bound only grows
-with more jobs, so no feasible subset is lost.
+MILP (scipy's HiGHS). Subsets whose lower bound (the average training load per trainer,
+or a job's own chain) already exceeds the tightest SLO are skipped without losing a
+feasible one.
 """
 
 from __future__ import annotations
@@ -57,18 +58,28 @@ def set_partitions(items: Sequence[int]) -> Iterator[list[list[int]]]:
         yield [[first], *partition]
 
 
-def _members(jobs: Sequence[JobSpec], subset: Sequence[int], bins: Sequence[Sequence[int]]) -> tuple[Member, ...]:
-    trainers = max(jobs[i].train_width for i in subset)
-    train_ids = tuple(range(trainers))
-    node = trainers
-    nodes_of: dict[int, tuple[int, ...]] = {}
+def _layouts(
+    jobs: Sequence[JobSpec], subset: Sequence[int], bins: Sequence[Sequence[int]]
+) -> Iterator[tuple[Member, ...]]:
+    """Every way to seat the jobs: a job narrower than its bin (or than the trainers) may
+    use any of their nodes. Training nodes are numbered first, rollout bins after."""
+    trainers = tuple(range(max(jobs[i].train_width for i in subset)))
+    bin_nodes: dict[int, tuple[int, ...]] = {}
+    node = len(trainers)
     for block in bins:
         width = max(jobs[i].rollout_width for i in block)
-        ids = tuple(range(node, node + width))
-        node += width
         for i in block:
-            nodes_of[i] = ids[: jobs[i].rollout_width]
-    return tuple(Member(jobs[i], nodes_of[i], train_ids[: jobs[i].train_width]) for i in subset)
+            bin_nodes[i] = tuple(range(node, node + width))
+        node += width
+    choices = [
+        itertools.product(
+            itertools.combinations(bin_nodes[i], jobs[i].rollout_width),
+            itertools.combinations(trainers, jobs[i].train_width),
+        )
+        for i in subset
+    ]
+    for layout in itertools.product(*choices):
+        yield tuple(Member(jobs[i], rollout, train) for i, (rollout, train) in zip(subset, layout, strict=True))
 
 
 def _fits_memory(members: Sequence[Member], cost: CostModel) -> bool:
@@ -88,9 +99,11 @@ def _feasible(members: Sequence[Member], planning: Planning) -> bool:
 
 
 def _trainer_bound_ok(jobs: Sequence[JobSpec], subset: Sequence[int], planning: Planning) -> bool:
+    """Necessary: the longest chain and the average training load per trainer fit the SLOs."""
     budget = min(jobs[i].period_budget for i in subset)
     chain = max(jobs[i].planned_iteration(planning) for i in subset)
-    load = sum(jobs[i].train.planned(planning) for i in subset)
+    trainers = max(jobs[i].train_width for i in subset)
+    load = sum(jobs[i].train_width * jobs[i].train.planned(planning) for i in subset) / trainers
     return max(chain, load) <= budget * (1 + _TOL)
 
 
@@ -107,10 +120,10 @@ def cheapest_group(
         options.append((rollout_nodes, bins))
     options.sort(key=lambda option: option[0])
     for rollout_nodes, bins in options:
-        members = _members(jobs, subset, bins)
-        if _fits_memory(members, cost) and _feasible(members, planning):
-            price = rollout_nodes * cost.price(Pool.ROLLOUT) + trainers * cost.price(Pool.TRAIN)
-            return GroupPlan(tuple(subset), tuple(tuple(b) for b in bins), price, members)
+        for members in _layouts(jobs, subset, bins):
+            if _fits_memory(members, cost) and _feasible(members, planning):
+                price = rollout_nodes * cost.price(Pool.ROLLOUT) + trainers * cost.price(Pool.TRAIN)
+                return GroupPlan(tuple(subset), tuple(tuple(b) for b in bins), price, members)
     return None
 
 

@@ -1,21 +1,27 @@
-"""Regrouping: re-solve the placement of running jobs and migrate when it pays.
+"""Regrouping: re-solve the placement of all running jobs and migrate when it pays.
 
 Online placement never moves a running job, so departures leave half-empty groups behind.
-After each event, the jobs of the most wasteful groups (the most idle capacity, in
-dollars per hour) are re-placed exactly (rollmux.core.optimum) as one neighbourhood of at
-most ``max_jobs`` jobs. The move is made when the hourly saving, over ``horizon_s``,
-repays the migration: every moved job pauses for ``pause_s`` plus ``s_per_gb`` per GB of
-its resident state, and the old and new nodes of the moved groups are both paid during
-the longest move.
-Pure code: the simulator (and later the runtime) applies the plan and charges its cost.
+After each event the running jobs are re-partitioned by one set-partitioning MILP whose
+columns are (a) every current group, kept as it is at its current price, and (b) the
+cheapest feasible configuration (rollmux.core.optimum) of every set of up to
+``max_group`` running jobs, at its price plus its migration amortised over
+``horizon_s``. A move is therefore chosen only when its saving repays its migration
+within the horizon. Moving a job costs ``pause_s`` plus ``s_per_gb`` per GB of its
+resident state, during which it makes no progress and both its old and its new nodes are
+paid. The cheapest configuration of each set of jobs is remembered across events (it
+depends only on their specs). Pure code: the simulator applies the plan and charges it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
 
 from rollmux.core.cluster import Cluster, Group
-from rollmux.core.optimum import GroupPlan, optimum
+from rollmux.core.optimum import GroupPlan, cheapest_group
 from rollmux.core.spec import JobSpec
 
 HOUR = 3600.0
@@ -23,10 +29,10 @@ HOUR = 3600.0
 
 @dataclass(frozen=True)
 class RegroupConfig:
-    s_per_gb: float = 0.5
+    s_per_gb: float = 0.25
     pause_s: float = 30.0
     horizon_s: float = 7200.0
-    max_jobs: int = 10
+    max_group: int = 3
 
     def migration_s(self, job: JobSpec) -> float:
         """Time the job makes no progress while its state moves to its new nodes."""
@@ -40,66 +46,76 @@ class RegroupPlan:
     groups_in: tuple[GroupPlan, ...]
     moved: tuple[JobSpec, ...]
     saving_per_hour: float
-    migration_s: float
     migration_usd: float
 
 
-def _idle_per_hour(cluster: Cluster, group: Group) -> float:
-    """Price of the group's idle capacity."""
-    return sum(
-        cluster.cost.price(cluster.node_pool[n]) * (1 - group.schedule.busy_fraction(n))
-        for n in (*group.rollout_nodes, *group.train_nodes)
-    )
+@dataclass
+class ConfigCache:
+    """Cheapest feasible configuration per set of job names (None: infeasible)."""
+
+    plans: dict[frozenset[str], GroupPlan | None] = field(default_factory=dict)
+
+    def cheapest(self, cluster: Cluster, jobs: tuple[JobSpec, ...]) -> GroupPlan | None:
+        key = frozenset(j.name for j in jobs)
+        if key not in self.plans:
+            self.plans[key] = cheapest_group(jobs, range(len(jobs)), cluster.cost, cluster.planning)
+        return self.plans[key]
 
 
 def _price(cluster: Cluster, group: Group) -> float:
     return sum(cluster.cost.price(cluster.node_pool[n]) for n in (*group.rollout_nodes, *group.train_nodes))
 
 
-def neighbourhood(cluster: Cluster, max_jobs: int) -> list[Group]:
-    """Whole groups, most idle capacity first, filled greedily up to ``max_jobs`` jobs.
-
-    (Trying further, disjoint neighbourhoods after this one was measured: it migrates
-    more and saves less on the production trace.)
-    """
-    chosen: list[Group] = []
-    size = 0
-    for group in sorted(cluster.groups.values(), key=lambda g: -_idle_per_hour(cluster, g)):
-        if size + len(group.members) <= max_jobs:
-            chosen.append(group)
-            size += len(group.members)
-    return chosen
-
-
-def plan_regroup(cluster: Cluster, config: RegroupConfig) -> RegroupPlan | None:
-    """The exact re-placement of the most wasteful groups' jobs, if it repays its migration
-    within the horizon; None otherwise."""
-    groups = neighbourhood(cluster, config.max_jobs)
+def plan_regroup(cluster: Cluster, config: RegroupConfig, cache: ConfigCache | None = None) -> RegroupPlan | None:
+    """The cheapest re-partition of the running jobs, migrations amortised; None if keeping
+    every group as it is is already cheapest."""
+    cache = cache or ConfigCache()
+    groups = list(cluster.groups.values())
+    jobs = [m.job for g in groups for m in g.members]
     if len(groups) < 2:
         return None
-    jobs = [m.job for g in groups for m in g.members]
-    current = sum(_price(cluster, g) for g in groups)
-    best = optimum(jobs, cluster.cost, cluster.planning)
-    saving = current - best.cost_per_hour
-    if saving <= 1e-9:
-        return None
-    # A group the optimum keeps (same jobs, same price to the cent) does not move.
-    unchanged = {(frozenset(m.job.name for m in g.members), round(_price(cluster, g), 2)) for g in groups}
-    moved_groups = [
-        plan
-        for plan in best.groups
-        if (frozenset(m.job.name for m in plan.members), round(plan.cost_per_hour, 2)) not in unchanged
+    row = {job.name: k for k, job in enumerate(jobs)}
+    current = {frozenset(m.job.name for m in g.members): g for g in groups}
+    columns: list[tuple[frozenset[str], float, GroupPlan | None]] = [
+        (names, _price(cluster, g), None) for names, g in current.items()
     ]
-    moved = tuple(m.job for plan in moved_groups for m in plan.members)
-    moved_names = {job.name for job in moved}
-    left = [g for g in groups if any(m.job.name in moved_names for m in g.members)]
-    longest = max(config.migration_s(job) for job in moved)
-    both_paid = sum(_price(cluster, g) for g in left) + sum(plan.cost_per_hour for plan in moved_groups)
-    migration_usd = both_paid * longest / HOUR
-    if saving * config.horizon_s / HOUR <= migration_usd:
+    for size in range(1, config.max_group + 1):
+        for subset in itertools.combinations(jobs, size):
+            plan = cache.cheapest(cluster, subset)
+            if plan is None:
+                continue
+            longest = max(config.migration_s(j) for j in subset)
+            amortised = 2 * plan.cost_per_hour * longest / config.horizon_s
+            columns.append((frozenset(j.name for j in subset), plan.cost_per_hour + amortised, plan))
+    cover = np.zeros((len(jobs), len(columns)))
+    for c, (names, _, _) in enumerate(columns):
+        cover[[row[n] for n in names], c] = 1.0
+    prices = np.array([price for _, price, _ in columns])
+    solution = milp(
+        prices,
+        constraints=LinearConstraint(cover, lb=np.ones(len(jobs)), ub=np.ones(len(jobs))),
+        integrality=np.ones(len(columns)),
+        bounds=Bounds(0, 1),
+    )
+    if not solution.success:
         return None
-    out = tuple(g.id for g in left)
-    return RegroupPlan(out, tuple(moved_groups), moved, saving, longest, migration_usd)
+    chosen = [columns[c] for c in np.flatnonzero(solution.x > 0.5)]
+    groups_in = tuple(plan for _, _, plan in chosen if plan is not None)
+    if not groups_in:
+        return None
+    moved = tuple(m.job for plan in groups_in for m in plan.members)
+    moved_names = {j.name for j in moved}
+    left = [g for g in groups if any(m.job.name in moved_names for m in g.members)]
+    saving = sum(_price(cluster, g) for g in left) - sum(p.cost_per_hour for p in groups_in)
+    migration_usd = (
+        sum(
+            (_price(cluster, g) * max(config.migration_s(m.job) for m in g.members if m.job.name in moved_names))
+            for g in left
+        )
+        / HOUR
+        + sum(p.cost_per_hour * max(config.migration_s(m.job) for m in p.members) for p in groups_in) / HOUR
+    )
+    return RegroupPlan(tuple(g.id for g in left), groups_in, moved, saving, migration_usd)
 
 
 def apply_regroup(cluster: Cluster, plan: RegroupPlan) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.placement import Policy, place
-from rollmux.core.regroup import RegroupConfig, apply_regroup, plan_regroup
+from rollmux.core.regroup import ConfigCache, RegroupConfig, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import realised_periods
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace, TraceJob
@@ -183,6 +183,7 @@ def simulate(
     """
     cluster = Cluster(cost=cost or CostModel(), planning=planning)
     cache: dict = {}
+    configs = ConfigCache()
     result = SimResult(policy=policy.name, span_s=trace.end)
     result.jobs = {j.spec.name: JobAccount(j.spec) for j in trace.jobs}
     rates = _rates(cluster, realise, cache)
@@ -195,7 +196,7 @@ def simulate(
         else:
             cluster.remove(event.job.spec.name)
         if regroup:
-            _regroup(cluster, regroup, result)
+            _regroup(cluster, regroup, result, configs)
         rates = _rates(cluster, realise, cache)
         result.cost_rate.append((now, rates.cost_per_hour))
         result.nodes_over_time.append((now, rates.nodes[Pool.ROLLOUT], rates.nodes[Pool.TRAIN]))
@@ -206,8 +207,8 @@ def simulate(
     return result
 
 
-def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult) -> None:
-    plan = plan_regroup(cluster, config)
+def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, configs: ConfigCache) -> None:
+    plan = plan_regroup(cluster, config, configs)
     if plan is None:
         return
     apply_regroup(cluster, plan)
