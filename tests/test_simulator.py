@@ -131,3 +131,36 @@ def test_regrouping_beats_the_published_ratio_with_migrations_charged():
     assert regrouped.migrations > 0 and regrouped.migration_usd > 0
     assert solo.cost_usd / regrouped.cost_usd >= 1.84
     assert regrouped.slo_attainment == 1.0
+
+
+def test_report_renders_every_picture_from_simulate_json(tmp_path):
+    results = tmp_path / "res.json"
+    runner = CliRunner()
+    simulated = runner.invoke(
+        app,
+        [
+            "simulate",
+            str(DATA / "production-200jobs.trace"),
+            "--profile",
+            str(DATA / "production-profile.json"),
+            "--policies",
+            "rollmux,solo",
+            "--no-regroup",
+            "--json",
+            str(results),
+        ],
+    )
+    assert simulated.exit_code == 0, simulated.output
+    rendered = runner.invoke(app, ["report", str(results), "--out", str(tmp_path / "report")])
+    assert rendered.exit_code == 0, rendered.output
+    page = (tmp_path / "report" / "index.html").read_text()
+    for picture in ("cost-rate.png", "nodes.png", "busy.png", "slowdown-cdf.png", "group-gantt.png"):
+        assert f"src='{picture}'" in page
+        assert (tmp_path / "report" / picture).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_refuses_a_file_that_is_not_a_result(tmp_path):
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text('{"policies": {}}')
+    result = CliRunner().invoke(app, ["report", str(bogus)])
+    assert result.exit_code == 2 and "not a `rollmux simulate --json` result" in result.output

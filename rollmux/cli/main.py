@@ -270,6 +270,18 @@ def run(
         raise typer.Exit(code=1)
 
 
+@app.command()
+@friendly_errors
+def report(
+    results: Annotated[Path, typer.Argument(help="JSON written by `rollmux simulate --json`")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html and its pictures")] = Path("out/report"),
+) -> None:
+    """Render an HTML report (and PNGs) of a simulation's results."""
+    from rollmux.report.html import render
+
+    out.print(f"report: {render(results, out_dir)}")
+
+
 ServiceUrl = Annotated[str | None, typer.Option("--url", help="Service URL (default $ROLLMUX_URL or local)")]
 Token = Annotated[str | None, typer.Option("--token", help="Bearer token (default $ROLLMUX_TOKEN or the state dir's)")]
 StateDir = Annotated[Path | None, typer.Option("--state-dir", help="Where the service keeps its token and database")]

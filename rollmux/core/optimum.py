@@ -151,6 +151,7 @@ def optimum(jobs: Sequence[JobSpec], cost: CostModel | None = None, planning: Pl
         constraints=LinearConstraint(cover, lb=np.ones(len(jobs)), ub=np.ones(len(jobs))),
         integrality=np.ones(len(plans)),
         bounds=Bounds(0, 1),
+        options={"presolve": False},
     )
     if not solution.success:
         raise RuntimeError(f"set partitioning failed: {solution.message}")

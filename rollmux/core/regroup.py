@@ -96,6 +96,7 @@ def plan_regroup(cluster: Cluster, config: RegroupConfig, cache: ConfigCache | N
         constraints=LinearConstraint(cover, lb=np.ones(len(jobs)), ub=np.ones(len(jobs))),
         integrality=np.ones(len(columns)),
         bounds=Bounds(0, 1),
+        options={"presolve": False},
     )
     if not solution.success:
         return None

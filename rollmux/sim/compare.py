@@ -6,7 +6,7 @@ Every ratio is computed from results of the same run; nothing is a constant.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
@@ -54,6 +54,12 @@ class Comparison:
                 **{f"{name}_over_fluid": r.cost_usd / self.fluid_usd for name, r in self.results.items()},
             },
             "cost_rate": {name: r.cost_rate for name, r in self.results.items()},
+            "nodes_over_time": {name: r.nodes_over_time for name, r in self.results.items()},
+            "jobs": {
+                name: {job: {"slowdown": a.slowdown, "slo": a.spec.slo} for job, a in r.jobs.items() if a.seconds > 0}
+                for name, r in self.results.items()
+            },
+            "example_group": [{"job": job, **asdict(seat)} for job, seat in self.results[ref].example_group],
         }
 
 

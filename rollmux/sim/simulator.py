@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from rollmux.core.cluster import Cluster
 from rollmux.core.placement import Policy, place
 from rollmux.core.regroup import ConfigCache, RegroupConfig, apply_regroup, plan_regroup
-from rollmux.core.roundrobin import realised_periods
+from rollmux.core.roundrobin import Seat, realised_periods
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace, TraceJob
 
@@ -73,6 +73,8 @@ class SimResult:
     migrations: int = 0
     migration_usd: float = 0.0
     nodes_over_time: list[tuple[float, int, int]] = field(default_factory=list)
+    example_group: list[tuple[str, Seat]] = field(default_factory=list)
+    """The largest group the policy formed (first seen), for a Gantt chart of its schedule."""
 
     @property
     def cost_node_hours(self) -> float:
@@ -202,9 +204,17 @@ def simulate(
         result.nodes_over_time.append((now, rates.nodes[Pool.ROLLOUT], rates.nodes[Pool.TRAIN]))
         for pool in Pool:
             result.pools[pool].peak_nodes = max(result.pools[pool].peak_nodes, rates.nodes[pool])
+        _remember_largest_group(cluster, result)
         if on_event:
             on_event(cluster)
     return result
+
+
+def _remember_largest_group(cluster: Cluster, result: SimResult) -> None:
+    largest = max(cluster.groups.values(), key=lambda g: len(g.members), default=None)
+    if largest is not None and len(largest.members) > len(result.example_group):
+        seats = largest.seats(cluster.planning)
+        result.example_group = [(m.job.name, seat) for m, seat in zip(largest.members, seats, strict=True)]
 
 
 def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, configs: ConfigCache) -> None:

@@ -1,0 +1,175 @@
+"""``rollmux report RESULTS.json``: one HTML page (and its PNGs) for a cluster owner.
+
+Reads the JSON that ``rollmux simulate --json`` writes and draws: cost rate over time per
+policy, nodes per pool over time, busy fraction per pool, the CDF of slowdowns against
+SLOs, and the Gantt chart of one group's meta-iterations. Every number on the page comes
+from the file.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from rollmux.core.roundrobin import ROLLOUT, Seat, timeline  # noqa: E402
+from rollmux.inputs.errors import InputError  # noqa: E402
+from rollmux.report.plots import cost_rate_plot  # noqa: E402
+
+DAY = 86400.0
+REQUIRED = ("policies", "cost_rate", "nodes_over_time", "jobs", "example_group", "reference")
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(path, "file not found") from None
+    except json.JSONDecodeError as error:
+        raise InputError(path, f"not valid JSON: {error.msg}", line=error.lineno) from None
+    missing = [key for key in REQUIRED if not isinstance(data, dict) or key not in data]
+    if missing:
+        raise InputError(path, "not a `rollmux simulate --json` result", field=missing[0])
+    return data
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def nodes_plot(data: dict[str, Any], path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True, sharey=True)
+    for policy, points in data["nodes_over_time"].items():
+        if not points:
+            continue
+        days = [t / DAY for t, _, _ in points]
+        for ax, column in zip(axes, (1, 2), strict=True):
+            ax.step(days, [p[column] for p in points], where="post", label=policy, linewidth=1.1)
+    for ax, pool in zip(axes, ("rollout", "training"), strict=True):
+        ax.set_title(f"{pool} nodes held")
+        ax.set_xlabel("days")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    return _save(fig, path)
+
+
+def busy_plot(data: dict[str, Any], path: Path) -> Path:
+    policies = list(data["policies"])
+    fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
+    width = 0.38
+    for k, pool in enumerate(("rollout", "train")):
+        values = [100 * data["policies"][p][f"{pool}_busy_fraction"] for p in policies]
+        ax.bar([i + (k - 0.5) * width for i in range(len(policies))], values, width, label=pool)
+    ax.set_xticks(range(len(policies)), policies)
+    ax.set_ylabel("busy share of held node-time (%)")
+    ax.set_ylim(0, 100)
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def slowdown_cdf(data: dict[str, Any], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    for policy, jobs in data["jobs"].items():
+        values = sorted(j["slowdown"] for j in jobs.values())
+        if values:
+            ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=policy)
+    slos = sorted(j["slo"] for j in data["jobs"][data["reference"]].values())
+    if slos:
+        ax.step(
+            slos,
+            [(i + 1) / len(slos) for i in range(len(slos))],
+            where="post",
+            color="black",
+            linestyle="--",
+            label="SLOs",
+        )
+    ax.set_xlabel("job slowdown (time-averaged)")
+    ax.set_ylabel("share of jobs")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def group_gantt(data: dict[str, Any], path: Path, iterations: int = 3) -> Path | None:
+    example = data["example_group"]
+    if not example:
+        return None
+    seats = [Seat(e["rollout_s"], e["train_s"], tuple(e["rollout_nodes"]), tuple(e["train_nodes"])) for e in example]
+    runs = timeline(seats, iterations)
+    nodes = sorted({n for s in seats for n in s.rollout_nodes}) + sorted({n for s in seats for n in s.train_nodes})
+    colours = [plt.get_cmap("tab10")(i % 10) for i in range(len(seats))]
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.55 * len(nodes)), constrained_layout=True)
+    for run in runs:
+        for node in run.nodes:
+            ax.barh(
+                nodes.index(node),
+                run.end - run.start,
+                left=run.start,
+                color=colours[run.seat],
+                hatch=None if run.phase == ROLLOUT else "//",
+                edgecolor="white",
+                linewidth=0.4,
+            )
+    rollout = {n for s in seats for n in s.rollout_nodes}
+    ax.set_yticks(range(len(nodes)), [f"{'rollout' if n in rollout else 'train'} {n}" for n in nodes])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (hatched: training)")
+    ax.set_title(f"largest group of {data['reference']}: {iterations} meta-iterations")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours]
+    ax.legend(handles, [e["job"] for e in example], fontsize=8, loc="upper right")
+    return _save(fig, path)
+
+
+def _summary_table(data: dict[str, Any]) -> str:
+    columns = (
+        "cost_usd",
+        "cost_usd_per_hour",
+        "work_efficiency",
+        "slo_attainment",
+        "mean_slowdown",
+        "p99_slowdown",
+        "migrations",
+    )
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ("policy", *columns))
+    rows = []
+    for policy, summary in data["policies"].items():
+        cells = "".join(f"<td>{summary.get(c, 0):,.4g}</td>" for c in columns)
+        rows.append(f"<tr><td>{html.escape(policy)}</td>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def render(results: Path, out_dir: Path) -> Path:
+    """Write index.html and its pictures into ``out_dir``; returns the page's path."""
+    data = load_results(results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pictures = [
+        ("Cost rate over time", cost_rate_plot(data["cost_rate"], out_dir / "cost-rate.png", "Cost rate per policy")),
+        ("Nodes per pool over time", nodes_plot(data, out_dir / "nodes.png")),
+        ("Busy fraction per pool", busy_plot(data, out_dir / "busy.png")),
+        ("Slowdowns against SLOs", slowdown_cdf(data, out_dir / "slowdown-cdf.png")),
+        ("One group's meta-iterations", group_gantt(data, out_dir / "group-gantt.png")),
+    ]
+    figures = "".join(
+        f"<h2>{html.escape(title)}</h2><img src='{picture.name}' alt='{html.escape(title)}'>"
+        for title, picture in pictures
+        if picture is not None
+    )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>RollMux report</title>"
+        "<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto}img{max-width:100%}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
+        f"</head><body><h1>RollMux report: {html.escape(Path(results).name)}</h1>{_summary_table(data)}{figures}"
+        "</body></html>"
+    )
+    index = out_dir / "index.html"
+    index.write_text(page)
+    return index
