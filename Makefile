@@ -29,6 +29,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/placement_latency.py --jobs 1000
 	$(BIN)/python bench/ablation.py
+	$(BIN)/python bench/stochastic.py
+	$(BIN)/python bench/optimality_gap.py
+	$(BIN)/python bench/intra_group_order.py
 	$(BIN)/python bench/multiplex.py
 	$(BIN)/python bench/context_switch.py
 	$(BIN)/python bench/learning.py --iterations 100

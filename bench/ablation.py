@@ -1,16 +1,18 @@
 """Where RollMux's saving on the production trace comes from, over several SLO draws.
 
-Runs Solo-disaggregated, Co-located and two RollMux variants on the production trace for
-each seed (SLOs from U(1.2, 1.5)), all online (no running job is moved):
+Runs Solo-disaggregated, Co-located and four RollMux variants on the production trace for
+each seed (SLOs from U(1.2, 1.5)):
 
 - ``pack-or-isolate``: an arriving job joins an existing group on its existing nodes or
   gets its own group;
 - ``rollmux``: additionally may join a group's trainers on new rollout nodes of its own
   (scale rollout);
-- ``rollmux+regroup``: additionally re-places the jobs of the most wasteful groups exactly
-  after each event and migrates them when the saving repays the migration within two
-  hours (migration charged: 30 s pause + 0.5 s per GB of resident state, old and new
-  nodes both paid meanwhile, and the moved jobs' lost progress).
+- ``rollmux+regroup``: additionally re-partitions the running jobs (exact MILP over the
+  current groups and every set of up to three jobs) after each event and migrates them
+  when the saving repays the migration within two hours (migration charged: 30 s pause
+  + 0.25 s per GB of resident state, old and new nodes both paid meanwhile, and the
+  moved jobs' lost progress);
+- ``rollmux+regroup@0.5s/GB``: the same with migrations twice as slow.
 
 Prints the Solo/variant and Co-located/variant cost ratios per seed and their mean, and
 each variant's distance to the fluid lower bound, all measured in this run. Only the
@@ -33,6 +35,7 @@ VARIANTS = {
     "pack-or-isolate": (lambda: RollMuxPolicy(scale_rollout=False), None),
     "rollmux": (RollMuxPolicy, None),
     "rollmux+regroup": (RollMuxPolicy, RegroupConfig()),
+    "rollmux+regroup@0.5s/GB": (RollMuxPolicy, RegroupConfig(s_per_gb=0.5)),
 }
 
 
