@@ -91,22 +91,15 @@ def test_production_fluid_bound_is_below_every_slo_keeping_policy(production):
     assert 2.7 <= production.results["solo"].cost_usd / production.fluid_usd <= 3.0
 
 
+def simulate_to_json(out: Path):
+    """The CLI on the production trace, online placement only (fast), writing ``out``."""
+    arguments = ["simulate", str(DATA / "production-200jobs.trace"), "--profile", str(DATA / "production-profile.json")]
+    return CliRunner().invoke(app, [*arguments, "--policies", "rollmux,solo", "--no-regroup", "--json", str(out)])
+
+
 def test_simulate_command_writes_json_and_picture(tmp_path):
     out = tmp_path / "res.json"
-    result = CliRunner().invoke(
-        app,
-        [
-            "simulate",
-            str(DATA / "production-200jobs.trace"),
-            "--profile",
-            str(DATA / "production-profile.json"),
-            "--policies",
-            "rollmux,solo",
-            "--no-regroup",
-            "--json",
-            str(out),
-        ],
-    )
+    result = simulate_to_json(out)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for key in ("cost_node_hours", "cost_usd", "work_efficiency", "slo_attainment", "mean_slowdown", "p99_slowdown"):
@@ -136,20 +129,7 @@ def test_regrouping_beats_the_published_ratio_with_migrations_charged():
 def test_report_renders_every_picture_from_simulate_json(tmp_path):
     results = tmp_path / "res.json"
     runner = CliRunner()
-    simulated = runner.invoke(
-        app,
-        [
-            "simulate",
-            str(DATA / "production-200jobs.trace"),
-            "--profile",
-            str(DATA / "production-profile.json"),
-            "--policies",
-            "rollmux,solo",
-            "--no-regroup",
-            "--json",
-            str(results),
-        ],
-    )
+    simulated = simulate_to_json(results)
     assert simulated.exit_code == 0, simulated.output
     rendered = runner.invoke(app, ["report", str(results), "--out", str(tmp_path / "report")])
     assert rendered.exit_code == 0, rendered.output

@@ -142,18 +142,26 @@ def optimum(jobs: Sequence[JobSpec], cost: CostModel | None = None, planning: Pl
     """The cheapest partition of ``jobs`` into feasible groups (exact set-partitioning MILP)."""
     cost = cost or CostModel()
     plans = candidate_groups(jobs, cost, planning)
-    cover = np.zeros((len(jobs), len(plans)))
-    for column, plan in enumerate(plans):
-        cover[list(plan.jobs), column] = 1.0
-    prices = np.array([plan.cost_per_hour for plan in plans])
+    picked = partition(len(jobs), [plan.jobs for plan in plans], [plan.cost_per_hour for plan in plans])
+    chosen = tuple(plans[c] for c in picked)
+    return Optimum(chosen, sum(plan.cost_per_hour for plan in chosen))
+
+
+def partition(items: int, columns: Sequence[Sequence[int]], prices: Sequence[float]) -> list[int]:
+    """The cheapest choice of columns covering every item exactly once (exact MILP, HiGHS).
+
+    Raises if no choice exists; callers keep a singleton column per item to rule that out.
+    """
+    cover = np.zeros((items, len(columns)))
+    for c, rows in enumerate(columns):
+        cover[list(rows), c] = 1.0
     solution = milp(
-        prices,
-        constraints=LinearConstraint(cover, lb=np.ones(len(jobs)), ub=np.ones(len(jobs))),
-        integrality=np.ones(len(plans)),
+        np.asarray(prices, dtype=float),
+        constraints=LinearConstraint(cover, lb=np.ones(items), ub=np.ones(items)),
+        integrality=np.ones(len(columns)),
         bounds=Bounds(0, 1),
         options={"presolve": False},
     )
     if not solution.success:
         raise RuntimeError(f"set partitioning failed: {solution.message}")
-    chosen = tuple(plan for plan, x in zip(plans, solution.x, strict=True) if x > 0.5)
-    return Optimum(chosen, sum(plan.cost_per_hour for plan in chosen))
+    return [int(c) for c in np.flatnonzero(solution.x > 0.5)]

@@ -17,11 +17,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-
 from rollmux.core.cluster import Cluster, Group
-from rollmux.core.optimum import GroupPlan, cheapest_group
+from rollmux.core.optimum import GroupPlan, cheapest_group, partition
 from rollmux.core.spec import JobSpec
 
 HOUR = 3600.0
@@ -87,20 +84,8 @@ def plan_regroup(cluster: Cluster, config: RegroupConfig, cache: ConfigCache | N
             longest = max(config.migration_s(j) for j in subset)
             amortised = 2 * plan.cost_per_hour * longest / config.horizon_s
             columns.append((frozenset(j.name for j in subset), plan.cost_per_hour + amortised, plan))
-    cover = np.zeros((len(jobs), len(columns)))
-    for c, (names, _, _) in enumerate(columns):
-        cover[[row[n] for n in names], c] = 1.0
-    prices = np.array([price for _, price, _ in columns])
-    solution = milp(
-        prices,
-        constraints=LinearConstraint(cover, lb=np.ones(len(jobs)), ub=np.ones(len(jobs))),
-        integrality=np.ones(len(columns)),
-        bounds=Bounds(0, 1),
-        options={"presolve": False},
-    )
-    if not solution.success:
-        return None
-    chosen = [columns[c] for c in np.flatnonzero(solution.x > 0.5)]
+    picked = partition(len(jobs), [[row[n] for n in names] for names, _, _ in columns], [p for _, p, _ in columns])
+    chosen = [columns[c] for c in picked]
     groups_in = tuple(plan for _, _, plan in chosen if plan is not None)
     if not groups_in:
         return None
