@@ -63,15 +63,17 @@ def main() -> None:
     }
     for name, make in orders.items():
         reached = misses = 0
-        worst = 1.0
+        worst = worst_slowdown = 1.0
         for seats, budgets in groups:
             cycle = period(seats, make(seats, budgets))
             bound = max(lower_bounds(seats))
             reached += cycle <= bound * (1 + 1e-9)
             worst = max(worst, cycle / bound)
+            worst_slowdown = max(worst_slowdown, max(cycle / s.solo_s for s in seats))
             misses += any(cycle > b * (1 + 1e-9) for b in budgets)
         print(
             f"order={name} reaches_bound={reached / len(groups):.4f} worst_period_over_bound={worst:.3f} "
+            f"worst_job_slowdown={worst_slowdown:.2f} "
             f"groups_missing_an_slo={misses / len(groups):.4f}"
         )
 
