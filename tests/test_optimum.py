@@ -66,6 +66,7 @@ def test_two_lonely_balanced_jobs_are_regrouped_when_it_pays():
     assert cluster.cost_per_hour() == pytest.approx(2 * (COST.price(Pool.ROLLOUT) + COST.price(Pool.TRAIN)))
     plan = plan_regroup(cluster, RegroupConfig())
     assert plan is not None and {j.name for j in plan.moved} == {"j0", "j3"}
+    assert plan.saving_per_hour == pytest.approx(COST.price(Pool.ROLLOUT) + COST.price(Pool.TRAIN))
     apply_regroup(cluster, plan)
     assert len(cluster.groups) == 1
     assert cluster.cost_per_hour() == pytest.approx(COST.price(Pool.ROLLOUT) + COST.price(Pool.TRAIN))

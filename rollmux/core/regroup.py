@@ -39,7 +39,6 @@ class RegroupConfig:
 
 @dataclass(frozen=True)
 class RegroupPlan:
-    groups_out: tuple[int, ...]
     groups_in: tuple[GroupPlan, ...]
     moved: tuple[JobSpec, ...]
     saving_per_hour: float
@@ -101,7 +100,7 @@ def plan_regroup(cluster: Cluster, config: RegroupConfig, cache: ConfigCache | N
         / HOUR
         + sum(p.cost_per_hour * max(config.migration_s(m.job) for m in p.members) for p in groups_in) / HOUR
     )
-    return RegroupPlan(tuple(g.id for g in left), groups_in, moved, saving, migration_usd)
+    return RegroupPlan(groups_in, moved, saving, migration_usd)
 
 
 def apply_regroup(cluster: Cluster, plan: RegroupPlan) -> None:

@@ -27,10 +27,6 @@ class Role(Protocol):
     state: RoleState
 
 
-class WeightReceiver(Role, Protocol):
-    def load_weights(self, version: int, weights: dict) -> None: ...
-
-
 class PoolWorker:
     """Hosts job roles on one logical node; wrapped by ``ray.remote`` in :mod:`nodes`."""
 
