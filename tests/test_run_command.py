@@ -41,6 +41,7 @@ def test_run_writes_trace_gantt_and_reward_curves(tmp_path):
     assert len(slices) == 2 * 2 * 3  # two jobs, two phases, three iterations, one node each
     run = json.loads((out / "run.json").read_text())
     assert [len(run["histories"][j]) for j in ("a", "b")] == [3, 3]
+    assert (out / "checkpoints" / "a.pt").exists() and (out / "checkpoints" / "b.pt").exists()
     for picture in ("gantt.png", "rewards.png"):
         assert (out / picture).read_bytes()[:4] == b"\x89PNG"
 

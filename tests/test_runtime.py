@@ -4,14 +4,16 @@ on-policy weight sync, residency and capacity limits."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import ray
 
 from rollmux.core.spec import JobSpec, PhaseTime
-from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout
+from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
 from rollmux.runtime.control import ControlPlane, PhaseRecord, RuntimeConfig
 from rollmux.runtime.launch import run_jobs, start_ray
 from rollmux.runtime.session import Session, phase
@@ -93,6 +95,22 @@ def test_rollout_refuses_stale_weights_in_the_runtime(local_ray):
     assert result.snapshot["nodes"] == {"rollout": 0, "train": 0}
 
 
+@dataclass(frozen=True)
+class TrainsFirst(GRPOJob):
+    """A faulty job loop that asks for training before any rollout."""
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        with phase("train"):
+            pass
+        return []
+
+
+def test_a_phase_out_of_order_is_refused_at_once(local_ray):
+    result = run_jobs([(spec("eager"), TrainsFirst(GRPOConfig(**SMALL), 1))])
+    assert "PhaseOrderError" in result.errors["eager"]
+    assert "rollout phase comes first" in result.errors["eager"]
+
+
 def test_residency_limit_is_enforced_when_a_role_is_loaded(local_ray):
     result = run_jobs([(spec("big"), grpo(seed=0))], RuntimeConfig(host_limit_bytes=10_000))
     assert "ResidencyExceeded" in result.errors["big"]
@@ -149,3 +167,43 @@ def test_measured_phases_feed_the_jobs_profile_in_the_core(local_ray):
 
     rollout, train = asyncio.run(scenario())
     assert rollout.mean == pytest.approx(0.25) and train.mean == pytest.approx(0.5)
+
+
+class CrashingTrainer(GRPOTrainer):
+    """A trainer whose process dies on request: a real crash, not an exception."""
+
+    def crash(self) -> None:
+        os._exit(1)
+
+
+@dataclass(frozen=True)
+class CrashesAfterCheckpoints(GRPOJob):
+    """Runs ``iterations`` checkpointed iterations, then kills its trainer's process."""
+
+    def role_factory(self, phase_name: str):
+        if phase_name == "train":
+            return partial(CrashingTrainer, self.config, self.checkpoint)
+        return super().role_factory(phase_name)
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        history = super().run(session)
+        with phase("rollout"):
+            pass
+        with phase("train"):
+            session.call("train", "crash")
+        return history
+
+
+def losses_and_rewards(history: list[dict[str, float]]) -> list[tuple[float, float]]:
+    return [(m["loss"], m["reward"]) for m in history]
+
+
+def test_completed_steps_survive_a_crash_of_the_trainer_process(local_ray, tmp_path):
+    reference = run_jobs([(spec("ref"), grpo(seed=0, iterations=5))])
+    checkpoint = str(tmp_path / "job.pt")
+    crashed = run_jobs([(spec("job"), CrashesAfterCheckpoints(GRPOConfig(seed=0, **SMALL), 3, checkpoint))])
+    assert "job" in crashed.errors  # the trainer's process died
+    resumed = run_jobs([(spec("job"), GRPOJob(GRPOConfig(seed=0, **SMALL), 5, checkpoint))])
+    assert not resumed.errors
+    assert [r.iteration for r in resumed.records if r.phase == "train"] == [3, 4]  # only what was missing ran
+    assert losses_and_rewards(resumed.histories["job"]) == losses_and_rewards(reference.histories["ref"])

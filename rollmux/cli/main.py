@@ -253,12 +253,15 @@ def run(
     out_dir: Annotated[
         Path, typer.Option("--out", help="Folder for run.json, timeline.json, gantt.png, rewards.png")
     ] = Path("out/run"),
+    fresh: Annotated[bool, typer.Option("--fresh", help="Ignore checkpoints of an earlier run and start over")] = False,
 ) -> None:
-    """Run real GRPO jobs multiplexed on shared rollout and training workers on Ray."""
+    """Run real GRPO jobs multiplexed on shared rollout and training workers on Ray.
+
+    Jobs checkpoint after every iteration; running the same file again resumes them."""
     from rollmux.cli.run import execute
     from rollmux.inputs.runfile import load_run_file
 
-    result = execute(load_run_file(example), out_dir, out)
+    result = execute(load_run_file(example), out_dir, out, fresh)
     out.print()
     for name, error in result.errors.items():
         err.print(f"[bold red]job {escape(name)} failed:[/] {escape(error)}", soft_wrap=True)

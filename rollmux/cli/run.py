@@ -42,10 +42,21 @@ def live_table(snapshot: dict[str, Any], totals: dict[str, int]) -> Table:
     return table
 
 
-def execute(run: RunFile, out: Path, console: Console) -> RunResult:
-    """Start or join Ray, run every job to the end with a live table, write the artefacts."""
+def execute(run: RunFile, out: Path, console: Console, fresh: bool = False) -> RunResult:
+    """Start or join Ray, run every job to the end with a live table, write the artefacts.
+
+    Each job checkpoints into ``out/checkpoints/<job>.pt`` after every iteration; running
+    the same file again resumes every job where it stopped (``fresh`` starts over).
+    """
     start_ray(run.cluster.ray_address, run.cluster.rollout_nodes, run.cluster.train_nodes)
-    jobs = [(job.spec(), GRPOJob(GRPOConfig(**job.grpo.model_dump()), job.iterations)) for job in run.jobs]
+    checkpoints = out / "checkpoints"
+    if fresh:
+        for job in run.jobs:
+            (checkpoints / f"{job.name}.pt").unlink(missing_ok=True)
+    jobs = [
+        (job.spec(), GRPOJob(GRPOConfig(**job.grpo.model_dump()), job.iterations, str(checkpoints / f"{job.name}.pt")))
+        for job in run.jobs
+    ]
     totals = {job.name: job.iterations for job in run.jobs}
     config = RuntimeConfig(policy=run.policy, host_limit_bytes=int(run.cluster.host_memory_gb * 2**30))
     with Live(live_table({}, totals), console=console, refresh_per_second=4) as live:

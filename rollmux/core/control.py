@@ -13,10 +13,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rollmux.core.cluster import Cluster, Group, Member, Placement, Removal
+from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import Policy, place
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
 from rollmux.core.spec import JobSpec, PhaseTime, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
+
+
+class PhaseOrderError(RollMuxError):
+    """A job asked for a phase out of the rollout → training order."""
+
 
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
@@ -62,6 +68,12 @@ class ControlState:
         self.active.setdefault(group.id, []).append(job)
         self._rebuild_turns(group)
         self.status[job].state = "running"
+
+    def check_order(self, job: str, phase: str) -> None:
+        """Refuse a phase out of order at once: waiting for it would wait forever."""
+        due = self._turns_of(job).next_phase[job]
+        if phase != due:
+            raise PhaseOrderError(f"job {job} asked for its {phase} phase, but its {due} phase comes first")
 
     def may_start(self, job: str, phase: str) -> bool:
         return self._turns_of(job).may_start(job, phase)

@@ -21,12 +21,13 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from rollmux.runtime.session import Session, phase
-from rollmux.runtime.state import RoleState
+from rollmux.runtime.state import RoleState, read_checkpoint
 
 PLUS, EQUALS, BOS = 10, 11, 12
 VOCAB = 13
@@ -130,12 +131,16 @@ def answer_logprobs(policy: nn.Module, sequences: torch.Tensor, answer_len: int)
 class GRPORollout:
     """Rollout role: samples answers with the latest synced weights and scores them."""
 
-    def __init__(self, config: GRPOConfig):
+    def __init__(self, config: GRPOConfig, checkpoint: str | None = None):
         torch.set_num_threads(config.threads)
         self.config = config
         self.policy = make_policy(config)
         self.policy.eval()
         self.version = 0
+        if checkpoint and Path(checkpoint).exists():
+            saved = read_checkpoint(Path(checkpoint))
+            self.policy.load_state_dict(saved["module"])
+            self.version = saved["extra"]["version"]
         self.state = RoleState(self.policy)
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
@@ -184,13 +189,22 @@ class GRPOTrainer:
     reward, and the bonus keeps acting once most groups agree.
     """
 
-    def __init__(self, config: GRPOConfig):
+    def __init__(self, config: GRPOConfig, checkpoint: str | None = None):
         torch.set_num_threads(config.threads)
         self.config = config
         self.policy = make_policy(config)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.version = 0
+        self.history: list[dict[str, float]] = []
         self.state = RoleState(self.policy, self.optimizer)
+        if checkpoint and Path(checkpoint).exists():
+            saved = self.state.restore(Path(checkpoint))
+            self.version, self.history = saved["version"], list(saved["history"])
+
+    def checkpoint(self, path: str) -> int:
+        """Persist weights, optimizer state, version and every iteration's metrics."""
+        self.state.save(Path(path), {"version": self.version, "history": self.history})
+        return self.version
 
     def train(self, batch: dict) -> dict:
         """GRPO step on one rollout batch; returns loss and reward of the batch."""
@@ -224,13 +238,15 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss_value = loss.item()
         self.version += 1
-        return {
+        metrics = {
             "iteration": batch["iteration"],
             "loss": loss_value,
             "reward": batch["rewards"].mean().item(),
             "trained_groups": informative,
             "version": self.version,
         }
+        self.history.append(metrics)
+        return metrics
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """The current weights (on CPU, for any transport) and their version."""
@@ -247,17 +263,28 @@ class GRPOJob:
 
     config: GRPOConfig
     iterations: int
+    checkpoint: str | None = None
+    """Trainer checkpoint file, rewritten after every iteration; a job that finds one resumes."""
 
     def role_factory(self, phase_name: str):
-        return partial(GRPORollout if phase_name == "rollout" else GRPOTrainer, self.config)
+        return partial(GRPORollout if phase_name == "rollout" else GRPOTrainer, self.config, self.checkpoint)
 
     def run(self, session: Session) -> list[dict[str, float]]:
-        history = []
-        for iteration in range(session.iteration, self.iterations):
+        history = self.completed()
+        session.resume(len(history))
+        for iteration in range(len(history), self.iterations):
             with phase("rollout"):
                 batch = session.call("rollout", "generate", iteration)
             with phase("train"):
                 result = session.call("train", "train", batch)
                 session.sync_weights(session.call("train", "weights"))
+                if self.checkpoint:
+                    session.call("train", "checkpoint", self.checkpoint)
             history.append(session.report(session.fetch(result)))
         return history
+
+    def completed(self) -> list[dict[str, float]]:
+        """Metrics of the iterations a previous run of this job checkpointed."""
+        if not self.checkpoint or not Path(self.checkpoint).exists():
+            return []
+        return list(read_checkpoint(Path(self.checkpoint))["extra"]["history"])

@@ -123,6 +123,7 @@ class ControlPlane:
         """Block until the group's round-robin grants ``phase`` to ``job``; returns the wait."""
         start = time.time()
         async with self.changed:
+            self.state.check_order(job, phase)
             await self.changed.wait_for(lambda: self.state.may_start(job, phase))
             self.state.start(job, phase)
         return time.time() - start

@@ -42,6 +42,10 @@ class Session:
         self._requested = self._granted = self._started = 0.0
         self._wake_s = 0.0
 
+    def resume(self, iteration: int) -> None:
+        """Continue counting from ``iteration`` (a job restored from a checkpoint)."""
+        self.iteration = iteration
+
     def enter(self, phase: str) -> None:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")

@@ -9,6 +9,7 @@ and ``restore`` are the cold path: a checkpoint on disk.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,18 +90,35 @@ class RoleState:
         """Bytes this role keeps resident in host memory while asleep."""
         return sum(slot.get().numel() * slot.get().element_size() for slot in self._slots())
 
-    def save(self, path: Path) -> None:
-        """Checkpoint to disk (the cold path)."""
-        payload = {"module": self.module.state_dict()}
+    def save(self, path: Path, extra: dict | None = None) -> None:
+        """Checkpoint to disk (the cold path) with ``extra`` plain data beside the tensors.
+
+        Written to a temporary file, synced and renamed: a crash at any moment leaves the
+        previous checkpoint or the new one, never half of one.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"module": self.module.state_dict(), "extra": extra or {}}
         if self.optimizer is not None:
             payload["optimizer"] = self.optimizer.state_dict()
-        torch.save(payload, Path(path))
+        temporary = path.with_name(path.name + ".tmp")
+        with temporary.open("wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
 
-    def restore(self, path: Path) -> None:
-        """Rebuild the tensors from a checkpoint on disk; the role is awake afterwards."""
+    def restore(self, path: Path) -> dict:
+        """Rebuild the tensors from a checkpoint on disk (the role is awake afterwards) and
+        return the plain data saved with them."""
         self.wake()
-        payload = torch.load(Path(path), map_location=self.device, weights_only=True)
+        payload = read_checkpoint(path, self.device)
         self.module.load_state_dict(payload["module"])
         if self.optimizer is not None and "optimizer" in payload:
             self.optimizer.load_state_dict(payload["optimizer"])
-        self.awake = True
+        return payload.get("extra", {})
+
+
+def read_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict:
+    """A checkpoint written by :meth:`RoleState.save` (tensors and plain data only)."""
+    return torch.load(Path(path), map_location=device, weights_only=True)
