@@ -62,3 +62,13 @@ def test_planning_at_p95_keeps_slos_where_the_mean_does_not(noisy_trace):
     assert at_mean.slo_attainment < 0.99 <= at_p95.slo_attainment
     assert at_p95.cost_usd > at_mean.cost_usd  # safety is paid for in nodes
     assert math.isfinite(at_p95.work_efficiency)
+
+
+def test_realised_accounting_of_fixed_times_matches_the_planned_one():
+    trace = read_trace(
+        DATA / "production-200jobs.trace", load_profile(DATA / "production-profile.json"), uniform_slo(1.2, 1.5, 0)
+    )
+    planned = simulate(trace, RollMuxPolicy()).summary()
+    realised = simulate(trace, RollMuxPolicy(), realise=Realisation(seed=0)).summary()
+    for key in ("cost_usd", "slo_attainment", "mean_slowdown", "rollout_busy_fraction", "train_busy_fraction"):
+        assert realised[key] == pytest.approx(planned[key], rel=1e-6), key

@@ -147,24 +147,48 @@ class Realisation:
     rounds: int = 400
 
 
-def _realised_slowdowns(cluster: Cluster, realise: Realisation, cache: dict) -> dict[str, float]:
-    """Realised slowdown of every job; each group composition is sampled once, with a
-    generator seeded by the run's seed and the composition, so runs are reproducible."""
-    out: dict[str, float] = {}
+def _realised(cluster: Cluster, realise: Realisation, cache: dict) -> tuple[dict[str, float], dict[Pool, float]]:
+    """Realised slowdown of every job and busy node count per pool.
+
+    Each group composition is sampled once, with a generator seeded by the run's seed and
+    the composition, so runs are reproducible. A node is busy for the mean phase times it
+    serves per meta-iteration, over the realised period of the jobs it serves.
+    """
+    slowdowns: dict[str, float] = {}
+    busy = dict.fromkeys(Pool, 0.0)
     for group in cluster.groups.values():
         key = tuple((m.job.name, m.rollout_nodes, m.train_nodes) for m in group.members)
         if key not in cache:
             rng = random.Random(f"{realise.seed}:{key}")
             phases = [m.phases() for m in group.members]
             periods = realised_periods(group.seats(cluster.planning), phases, rng, realise.rounds)
-            cache[key] = {m.job.name: p / m.job.solo_iteration() for m, p in zip(group.members, periods, strict=True)}
-        out.update(cache[key])
-    return out
+            slow = {m.job.name: p / m.job.solo_iteration() for m, p in zip(group.members, periods, strict=True)}
+            pool_busy = dict.fromkeys(Pool, 0.0)
+            for node in (*group.rollout_nodes, *group.train_nodes):
+                served = [
+                    (m, p)
+                    for m, p in zip(group.members, periods, strict=True)
+                    if node in (*m.rollout_nodes, *m.train_nodes)
+                ]
+                load = sum(
+                    (m.phases()[0].mean if node in m.rollout_nodes else 0.0)
+                    + (m.phases()[1].mean if node in m.train_nodes else 0.0)
+                    for m, _ in served
+                )
+                pool_busy[cluster.node_pool[node]] += load / max(p for _, p in served)
+            cache[key] = (slow, pool_busy)
+        slow, pool_busy = cache[key]
+        slowdowns.update(slow)
+        for pool in Pool:
+            busy[pool] += pool_busy[pool]
+    return slowdowns, busy
 
 
 def _rates(cluster: Cluster, realise: Realisation | None, cache: dict) -> _Rates:
-    busy = {pool: cluster.busy_node_fraction(pool)[0] for pool in Pool}
-    slowdowns = _realised_slowdowns(cluster, realise, cache) if realise else cluster.slowdowns()
+    if realise:
+        slowdowns, busy = _realised(cluster, realise, cache)
+    else:
+        slowdowns, busy = cluster.slowdowns(), {pool: cluster.busy_node_fraction(pool)[0] for pool in Pool}
     return _Rates(cluster.cost_per_hour(), slowdowns, {pool: cluster.nodes(pool) for pool in Pool}, busy)
 
 
