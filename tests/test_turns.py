@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollmux.core.errors import PhaseOrderError
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, Seat, fcfs_order, timeline
 from rollmux.core.turns import CyclicTurns, JobNodes
 from tests.test_roundrobin import single_pair_groups, spatial_groups
@@ -66,7 +67,7 @@ def test_a_job_waits_for_its_turn_even_when_the_node_is_free():
     assert not turns.may_start("j1", ROLLOUT)  # node 0 is busy
     turns.finish("j0", ROLLOUT)
     assert set(turns.startable()) == {("j0", TRAIN), ("j1", ROLLOUT)}
-    with pytest.raises(RuntimeError):
+    with pytest.raises(PhaseOrderError):
         turns.start("j0", ROLLOUT)
 
 

@@ -317,7 +317,7 @@ def serve(
 
 
 def _client(url: str | None, token: str | None, state_dir: Path | None):
-    from rollmux.cli.client import Client
+    from rollmux.service.client import Client
 
     return Client(url, token, state_dir)
 

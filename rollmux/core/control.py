@@ -13,16 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rollmux.core.cluster import Cluster, Group, Member, Placement, Removal
-from rollmux.core.errors import RollMuxError
+from rollmux.core.errors import PhaseOrderError
 from rollmux.core.placement import Policy, place
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
 from rollmux.core.spec import JobSpec, PhaseTime, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
-
-
-class PhaseOrderError(RollMuxError):
-    """A job asked for a phase out of the rollout → training order."""
-
 
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
@@ -71,7 +66,10 @@ class ControlState:
 
     def check_order(self, job: str, phase: str) -> None:
         """Refuse a phase out of order at once: waiting for it would wait forever."""
-        due = self._turns_of(job).next_phase[job]
+        group = self.cluster.group_of(job)
+        if job not in self.active.get(group.id, []):
+            raise PhaseOrderError(f"job {job} is not active: activate it before asking for phases")
+        due = self.turns[group.id].next_phase[job]
         if phase != due:
             raise PhaseOrderError(f"job {job} asked for its {phase} phase, but its {due} phase comes first")
 

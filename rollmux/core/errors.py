@@ -14,3 +14,7 @@ class UnknownJob(RollMuxError, KeyError):
 
 class ResidencyExceeded(RollMuxError):
     """A job's resident state does not fit the host memory of any node of its pool."""
+
+
+class PhaseOrderError(RollMuxError):
+    """A job asked for (or released) a phase out of turn or out of the rollout → training order."""

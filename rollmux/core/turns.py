@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rollmux.core.errors import PhaseOrderError
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, Order
 
 
@@ -73,7 +74,7 @@ class CyclicTurns:
 
     def start(self, job: str, phase: str) -> tuple[int, ...]:
         if not self.may_start(job, phase):
-            raise RuntimeError(f"{job} may not start {phase} now")
+            raise PhaseOrderError(f"{job} may not start {phase} now")
         used = self.nodes[job].of(phase)
         for node in used:
             self.holder[node] = job
@@ -82,7 +83,7 @@ class CyclicTurns:
     def finish(self, job: str, phase: str) -> None:
         for node in self.nodes[job].of(phase):
             if self.holder.get(node) != job:
-                raise RuntimeError(f"{job} does not hold node {node} for {phase}")
+                raise PhaseOrderError(f"{job} does not hold node {node} for {phase}")
             del self.holder[node]
             self.position[node] = (self.position[node] + 1) % len(self.sequence[node])
         self.next_phase[job] = TRAIN if phase == ROLLOUT else ROLLOUT

@@ -9,25 +9,28 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Annotated, Any
+from contextlib import contextmanager
+from typing import Annotated, Any, Literal
 
 import yaml
-from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollmux.core.errors import ResidencyExceeded, UnknownJob
+from rollmux.core.errors import PhaseOrderError, ResidencyExceeded, UnknownJob
 from rollmux.inputs.jobfile import NAME_PATTERN, PlanJob
 from rollmux.service.control import DurableControl, JobEnded, JobExists, NoCapacity
 
 MAX_BODY_BYTES = 64 * 1024
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 JobName = Annotated[str, PathParam(pattern=NAME_PATTERN, max_length=128)]
+Phase = Literal["rollout", "train"]
+MAX_WAIT_S = 30.0
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 
 
@@ -83,6 +86,24 @@ class Problem(BaseModel):
     detail: Any
 
 
+class Grant(BaseModel):
+    granted: bool
+    nodes: list[int]
+
+
+class PhaseDone(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    busy_s: float = Field(ge=0, le=1e7, description="measured duration of the phase's work")
+
+
+class PhaseEvent(BaseModel):
+    phase: str
+    iteration: int
+    nodes: list[int]
+    busy_s: float
+    ended_at: float
+
+
 class _Metrics:
     """Prometheus collector reading the control plane at scrape time."""
 
@@ -136,6 +157,17 @@ async def _job_body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body"], "msg": "expected an object"}])
     return data
+
+
+@contextmanager
+def _errors_as_http():
+    """The control plane's refusals as HTTP answers: unknown job 404, out of turn 409."""
+    try:
+        yield
+    except UnknownJob as error:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
+    except (JobEnded, PhaseOrderError) as error:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
 
 
 def create_app(control: DurableControl, token: str) -> FastAPI:
@@ -200,22 +232,53 @@ def create_app(control: DurableControl, token: str) -> FastAPI:
 
     @app.get("/v1/jobs/{name}", response_model=JobView, dependencies=guarded, responses=failures)
     def get_job(name: JobName) -> dict[str, Any]:
-        try:
+        with _errors_as_http():
             return control.job(name)
-        except UnknownJob as error:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
 
     @app.delete(
         "/v1/jobs/{name}", response_model=JobView, dependencies=guarded, responses={**failures, 409: {"model": Problem}}
     )
     def cancel_job(name: JobName) -> dict[str, Any]:
         """Cancel a live job: it leaves its group; nodes no one uses are released."""
-        try:
+        with _errors_as_http():
             return control.cancel(name)
-        except UnknownJob as error:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
-        except JobEnded as error:
-            raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+
+    lifecycle = {**failures, 400: {"model": Problem}, 409: {"model": Problem}}
+
+    @app.post("/v1/jobs/{name}/activate", response_model=JobView, dependencies=guarded, responses=lifecycle)
+    def activate_job(name: JobName) -> dict[str, Any]:
+        """The job's processes are up: it joins its group's round-robin (again, after a restart)."""
+        with _errors_as_http():
+            return control.activate(name)
+
+    @app.post("/v1/jobs/{name}/complete", response_model=JobView, dependencies=guarded, responses=lifecycle)
+    def complete_job(name: JobName) -> dict[str, Any]:
+        """The job ran all its iterations: it leaves its group, unused nodes are released."""
+        with _errors_as_http():
+            return control.complete(name)
+
+    @app.post("/v1/jobs/{name}/phases/{phase}/acquire", response_model=Grant, dependencies=guarded, responses=lifecycle)
+    def acquire_phase(
+        name: JobName, phase: Phase, wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 10.0
+    ) -> dict[str, Any]:
+        """Long poll: the phase's nodes once the group's round-robin grants it to this job, or
+        ``granted: false`` after ``wait_s`` seconds (ask again)."""
+        with _errors_as_http():
+            nodes = control.acquire(name, phase, wait_s)
+        return {"granted": nodes is not None, "nodes": list(nodes or ())}
+
+    @app.post("/v1/jobs/{name}/phases/{phase}/release", dependencies=guarded, responses=lifecycle)
+    def release_phase(name: JobName, phase: Phase, done: PhaseDone) -> dict[str, str]:
+        """The phase is over: it is recorded and its nodes go to the next job in turn."""
+        with _errors_as_http():
+            control.release(name, phase, done.busy_s)
+        return {"status": "released"}
+
+    @app.get("/v1/jobs/{name}/phases", response_model=list[PhaseEvent], dependencies=guarded, responses=failures)
+    def list_phases(name: JobName) -> list[dict[str, Any]]:
+        """Every phase the job reported, in order."""
+        with _errors_as_http():
+            return control.phases(name)
 
     @app.get("/v1/groups", response_model=list[GroupView], dependencies=guarded, responses={401: {"model": Problem}})
     def list_groups() -> list[dict[str, Any]]:

@@ -65,6 +65,7 @@ class DurableControl:
         self.capacity = capacity or Capacity()
         self.clock = clock
         self.lock = threading.RLock()
+        self.turn_changed = threading.Condition(self.lock)
         self.accepted = 0
         self._load(cost or CostModel(), planning, policy)
 
@@ -102,23 +103,75 @@ class DurableControl:
 
     def cancel(self, name: str) -> dict[str, Any]:
         """Stop a live job: it leaves its group, unused nodes are released, all in one commit."""
-        with self.lock:
-            stored = self.store.job(name)
-            if stored is None:
-                raise UnknownJob(f"no job named {name!r}")
-            if stored.state not in LIVE_STATES:
-                raise JobEnded(f"job {name!r} already ended ({stored.state})")
+        return self._end(name, "cancelled")
+
+    def complete(self, name: str) -> dict[str, Any]:
+        """The job finished its iterations: it leaves like a cancelled one, marked done."""
+        return self._end(name, "done")
+
+    def activate(self, name: str) -> dict[str, Any]:
+        """The job's processes are ready: it joins its group's turn-taking."""
+        with self.turn_changed:
+            self._live(name)
+            if self.state.status[name].state != "running" or name not in self._active_jobs():
+                self.state.activate(name)
+                self.store.set_state(name, "running")
+            self.turn_changed.notify_all()
+        return self.job(name)
+
+    def acquire(self, name: str, phase: str, wait_s: float) -> tuple[int, ...] | None:
+        """The nodes of ``phase`` once the group's round-robin grants it, or None if the
+        turn did not come within ``wait_s`` (the caller asks again)."""
+        with self.turn_changed:
+            self._live(name)
+            self.state.check_order(name, phase)
+            if not self.turn_changed.wait_for(lambda: self.state.may_start(name, phase), timeout=wait_s):
+                return None
+            return self.state.start(name, phase)
+
+    def release(self, name: str, phase: str, busy_s: float) -> None:
+        """The phase is over: record it, hand its nodes to the next job in turn."""
+        with self.turn_changed:
+            self._live(name)
+            self.state.check_order(name, phase)
+            iteration = self.state.status[name].iteration
+            member = self.state.member(name)
+            nodes = member.rollout_nodes if phase == "rollout" else member.train_nodes
+            self.state.finish(name, phase, busy_s)
+            if phase == "train":
+                self.state.status[name].iteration = iteration + 1
+            self.store.record_phase(name, phase, iteration, nodes, busy_s, self.clock())
+            self.turn_changed.notify_all()
+
+    def phases(self, name: str) -> list[dict[str, Any]]:
+        if self.store.job(name) is None:
+            raise UnknownJob(f"no job named {name!r}")
+        return self.store.phases(name)
+
+    def _live(self, name: str) -> StoredJob:
+        stored = self.store.job(name)
+        if stored is None:
+            raise UnknownJob(f"no job named {name!r}")
+        if stored.state not in LIVE_STATES:
+            raise JobEnded(f"job {name!r} already ended ({stored.state})")
+        return stored
+
+    def _active_jobs(self) -> set[str]:
+        return {job for jobs in self.state.active.values() for job in jobs}
+
+    def _end(self, name: str, state: str) -> dict[str, Any]:
+        with self.turn_changed:
+            stored = self._live(name)
             cost = self._cost_so_far(stored)
             group_id = self.cluster.group_of(name).id
-            removal = self.state.complete(name, "cancelled")
+            removal = self.state.complete(name, state)
             gone = None if group_id in self.cluster.groups else group_id
             try:
-                self.store.record_end(
-                    name, "cancelled", [n for n, _ in removal.released_nodes], gone, self.clock(), cost
-                )
+                self.store.record_end(name, state, [n for n, _ in removal.released_nodes], gone, self.clock(), cost)
             except BaseException:
                 self._load(self.cluster.cost, self.cluster.planning, self.state.policy.name)
                 raise
+            self.turn_changed.notify_all()
         return self.job(name)
 
     def job(self, name: str) -> dict[str, Any]:

@@ -52,6 +52,19 @@ class NodeRow(Base):
     group_id: Mapped[int] = mapped_column(ForeignKey("groups.id"))
 
 
+class PhaseRow(Base):
+    """One completed phase a job reported (phase events)."""
+
+    __tablename__ = "phases"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(String(128), index=True)
+    phase: Mapped[str] = mapped_column(String(16))
+    iteration: Mapped[int] = mapped_column(Integer)
+    nodes: Mapped[str] = mapped_column(Text)
+    busy_s: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float] = mapped_column(Float)
+
+
 class CounterRow(Base):
     __tablename__ = "counters"
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -168,6 +181,35 @@ class Store:
     def set_state(self, job: str, state: str) -> None:
         with self.sessions.begin() as session:
             session.scalars(select(JobRow).where(JobRow.name == job)).one().state = state
+
+    def record_phase(
+        self, job: str, phase: str, iteration: int, nodes: Iterable[int], busy_s: float, now: float
+    ) -> None:
+        with self.sessions.begin() as session:
+            session.add(
+                PhaseRow(
+                    job=job,
+                    phase=phase,
+                    iteration=iteration,
+                    nodes=json.dumps(list(nodes)),
+                    busy_s=busy_s,
+                    ended_at=now,
+                )
+            )
+
+    def phases(self, job: str) -> list[dict]:
+        with self.sessions() as session:
+            rows = session.scalars(select(PhaseRow).where(PhaseRow.job == job).order_by(PhaseRow.id))
+            return [
+                {
+                    "phase": r.phase,
+                    "iteration": r.iteration,
+                    "nodes": json.loads(r.nodes),
+                    "busy_s": r.busy_s,
+                    "ended_at": r.ended_at,
+                }
+                for r in rows
+            ]
 
     def jobs(self) -> list[StoredJob]:
         with self.sessions() as session:
