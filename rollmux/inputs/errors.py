@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -29,3 +31,13 @@ def from_validation(path: Path | str, error: ValidationError, line: int | None =
     if prefix:
         field = f"{prefix}.{field}" if field else prefix
     return InputError(path, first["msg"], line=line, field=field)
+
+
+def read_json(path: Path | str) -> Any:
+    """A JSON file's content; a missing or malformed file is an InputError with its line."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(path, "file not found") from None
+    except json.JSONDecodeError as error:
+        raise InputError(path, f"not valid JSON: {error.msg}", line=error.lineno) from None

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.inputs.catalog import host_memory_gb, node_width
-from rollmux.inputs.errors import InputError, from_validation
+from rollmux.inputs.errors import InputError, from_validation, read_json
 from rollmux.inputs.jobfile import NAME_PATTERN, JobFields
 
 
@@ -75,12 +75,7 @@ class Profile(BaseModel):
 
 
 def load_profile(path: Path) -> Profile:
-    try:
-        raw = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(path, "file not found") from None
-    except json.JSONDecodeError as err:
-        raise InputError(path, f"not valid JSON: {err.msg}", line=err.lineno) from None
+    raw = read_json(path)
     try:
         return Profile.model_validate(raw)
     except ValidationError as err:

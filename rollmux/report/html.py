@@ -9,7 +9,7 @@ from the file.
 from __future__ import annotations
 
 import html
-import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +18,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rollmux.core.roundrobin import ROLLOUT, Seat, timeline  # noqa: E402
-from rollmux.inputs.errors import InputError  # noqa: E402
+from rollmux.core.roundrobin import Seat, timeline  # noqa: E402
+from rollmux.inputs.errors import InputError, read_json  # noqa: E402
 from rollmux.report.plots import cost_rate_plot  # noqa: E402
+from rollmux.report.timeline import gantt  # noqa: E402
 
 DAY = 86400.0
 REQUIRED = ("policies", "cost_rate", "nodes_over_time", "jobs", "example_group", "reference")
 
 
 def load_results(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(path, "file not found") from None
-    except json.JSONDecodeError as error:
-        raise InputError(path, f"not valid JSON: {error.msg}", line=error.lineno) from None
+    data = read_json(path)
     missing = [key for key in REQUIRED if not isinstance(data, dict) or key not in data]
     if missing:
         raise InputError(path, "not a `rollmux simulate --json` result", field=missing[0])
@@ -99,34 +95,33 @@ def slowdown_cdf(data: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+@dataclass(frozen=True)
+class _SimulatedPhase:
+    """A phase of the simulated schedule, shaped like a runtime phase record."""
+
+    job: str
+    phase: str
+    iteration: int
+    nodes: tuple[int, ...]
+    granted: float
+    started: float
+    ended: float
+    released: float
+
+
 def group_gantt(data: dict[str, Any], path: Path, iterations: int = 3) -> Path | None:
+    """The largest group's first meta-iterations, drawn like a run's Gantt chart."""
     example = data["example_group"]
     if not example:
         return None
     seats = [Seat(e["rollout_s"], e["train_s"], tuple(e["rollout_nodes"]), tuple(e["train_nodes"])) for e in example]
-    runs = timeline(seats, iterations)
-    nodes = sorted({n for s in seats for n in s.rollout_nodes}) + sorted({n for s in seats for n in s.train_nodes})
-    colours = [plt.get_cmap("tab10")(i % 10) for i in range(len(seats))]
-    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.55 * len(nodes)), constrained_layout=True)
-    for run in runs:
-        for node in run.nodes:
-            ax.barh(
-                nodes.index(node),
-                run.end - run.start,
-                left=run.start,
-                color=colours[run.seat],
-                hatch=None if run.phase == ROLLOUT else "//",
-                edgecolor="white",
-                linewidth=0.4,
-            )
-    rollout = {n for s in seats for n in s.rollout_nodes}
-    ax.set_yticks(range(len(nodes)), [f"{'rollout' if n in rollout else 'train'} {n}" for n in nodes])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (hatched: training)")
-    ax.set_title(f"largest group of {data['reference']}: {iterations} meta-iterations")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours]
-    ax.legend(handles, [e["job"] for e in example], fontsize=8, loc="upper right")
-    return _save(fig, path)
+    phases = [
+        _SimulatedPhase(example[r.seat]["job"], r.phase, r.iteration, r.nodes, r.start, r.start, r.end, r.end)
+        for r in timeline(seats, iterations)
+    ]
+    return gantt(
+        phases, path, f"largest group of {data['reference']}: {iterations} meta-iterations (hatched: training)"
+    )
 
 
 def _summary_table(data: dict[str, Any]) -> str:
