@@ -13,8 +13,8 @@ import argparse
 import statistics
 
 from rollmux.core.spec import JobSpec, PhaseTime
+from rollmux.core.turns import PhaseRecord
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob
-from rollmux.runtime.control import PhaseRecord
 from rollmux.runtime.launch import run_jobs, start_ray
 
 

@@ -13,8 +13,9 @@ import pytest
 import ray
 
 from rollmux.core.spec import JobSpec, PhaseTime
+from rollmux.core.turns import PhaseRecord
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
-from rollmux.runtime.control import ControlPlane, PhaseRecord, RuntimeConfig
+from rollmux.runtime.control import ControlPlane, RuntimeConfig
 from rollmux.runtime.launch import run_jobs, start_ray
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker

@@ -103,3 +103,28 @@ def _resume_position(previous: CyclicTurns, node: int, queue: list[str]) -> int:
         if job in queue:
             return queue.index(job)
     return 0
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    """One executed phase: when it was asked for, granted, worked and handed back.
+
+    The runtime fills it from wall-clock times; reports draw runtime and simulated phases
+    alike from it.
+    """
+
+    job: str
+    phase: str
+    iteration: int
+    nodes: tuple[int, ...]
+    requested: float
+    granted: float
+    started: float
+    ended: float
+    released: float
+    wake_s: float
+    sleep_s: float
+
+    @property
+    def busy_s(self) -> float:
+        return self.ended - self.started

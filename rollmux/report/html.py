@@ -9,7 +9,6 @@ from the file.
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from rollmux.core.roundrobin import Seat, timeline  # noqa: E402
+from rollmux.core.turns import PhaseRecord  # noqa: E402
 from rollmux.inputs.errors import InputError, read_json  # noqa: E402
 from rollmux.report.plots import cost_rate_plot  # noqa: E402
 from rollmux.report.timeline import gantt  # noqa: E402
@@ -95,20 +95,6 @@ def slowdown_cdf(data: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-@dataclass(frozen=True)
-class _SimulatedPhase:
-    """A phase of the simulated schedule, shaped like a runtime phase record."""
-
-    job: str
-    phase: str
-    iteration: int
-    nodes: tuple[int, ...]
-    granted: float
-    started: float
-    ended: float
-    released: float
-
-
 def group_gantt(data: dict[str, Any], path: Path, iterations: int = 3) -> Path | None:
     """The largest group's first meta-iterations, drawn like a run's Gantt chart."""
     example = data["example_group"]
@@ -116,7 +102,9 @@ def group_gantt(data: dict[str, Any], path: Path, iterations: int = 3) -> Path |
         return None
     seats = [Seat(e["rollout_s"], e["train_s"], tuple(e["rollout_nodes"]), tuple(e["train_nodes"])) for e in example]
     phases = [
-        _SimulatedPhase(example[r.seat]["job"], r.phase, r.iteration, r.nodes, r.start, r.start, r.end, r.end)
+        PhaseRecord(
+            example[r.seat]["job"], r.phase, r.iteration, r.nodes, r.start, r.start, r.start, r.end, r.end, 0, 0
+        )
         for r in timeline(seats, iterations)
     ]
     return gantt(

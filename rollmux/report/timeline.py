@@ -9,35 +9,25 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-class Record(Protocol):
-    job: str
-    phase: str
-    iteration: int
-    nodes: tuple[int, ...]
-    granted: float
-    started: float
-    ended: float
-    released: float
+from rollmux.core.turns import PhaseRecord  # noqa: E402
 
 
-def _origin(records: Sequence[Record]) -> float:
+def _origin(records: Sequence[PhaseRecord]) -> float:
     return min(r.granted for r in records)
 
 
-def node_pools(records: Sequence[Record]) -> dict[int, str]:
+def node_pools(records: Sequence[PhaseRecord]) -> dict[int, str]:
     """Each node's pool, read off the phases it served."""
     return {node: r.phase for r in records for node in r.nodes}
 
 
-def chrome_trace(records: Sequence[Record], path: Path) -> Path:
+def chrome_trace(records: Sequence[PhaseRecord], path: Path) -> Path:
     """Chrome/Perfetto trace JSON: one track per node, a slice per phase plus its switches."""
     origin = _origin(records)
     pools = node_pools(records)
@@ -73,7 +63,7 @@ def chrome_trace(records: Sequence[Record], path: Path) -> Path:
     return path
 
 
-def gantt(records: Sequence[Record], path: Path, title: str) -> Path:
+def gantt(records: Sequence[PhaseRecord], path: Path, title: str) -> Path:
     """One row per node, one colour per job; hatched bars are training phases."""
     origin = _origin(records)
     pools = node_pools(records)

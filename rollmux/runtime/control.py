@@ -18,6 +18,7 @@ from rollmux.core.control import ControlState
 from rollmux.core.placement import make_policy
 from rollmux.core.roundrobin import ROLLOUT
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning
+from rollmux.core.turns import PhaseRecord
 from rollmux.runtime.nodes import NodeProvisioner
 
 CONTROL_NAME = "rollmux-control"
@@ -46,27 +47,6 @@ class JobPlacement:
 
     def workers_of(self, phase: str) -> list[Any]:
         return [self.workers[n] for n in (self.rollout_nodes if phase == ROLLOUT else self.train_nodes)]
-
-
-@dataclass(frozen=True)
-class PhaseRecord:
-    """One executed phase as the job driver measured it (wall-clock seconds since epoch)."""
-
-    job: str
-    phase: str
-    iteration: int
-    nodes: tuple[int, ...]
-    requested: float
-    granted: float
-    started: float
-    ended: float
-    released: float
-    wake_s: float
-    sleep_s: float
-
-    @property
-    def busy_s(self) -> float:
-        return self.ended - self.started
 
 
 class ControlPlane:

@@ -10,7 +10,8 @@ from typing import Any
 import ray
 
 from rollmux.core.spec import JobSpec
-from rollmux.runtime.control import NAMESPACE, PhaseRecord, RuntimeConfig, control_actor
+from rollmux.core.turns import PhaseRecord
+from rollmux.runtime.control import NAMESPACE, RuntimeConfig, control_actor
 from rollmux.runtime.driver import driver_actor
 from rollmux.runtime.nodes import pool_resources
 from rollmux.runtime.session import JobProgram

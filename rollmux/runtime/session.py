@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import ray
 
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.runtime.control import JobPlacement, PhaseRecord
+from rollmux.core.turns import PhaseRecord
+from rollmux.runtime.control import JobPlacement
 
 PHASES = (ROLLOUT, TRAIN)
 _current: Session | None = None
