@@ -239,7 +239,7 @@ class DurableControl:
     def _view(self, stored: StoredJob) -> dict[str, Any]:
         live = stored.state in LIVE_STATES
         with self.lock:
-            slowdown = self.cluster.slowdowns().get(stored.name) if live else None
+            slowdown = self._slowdown(stored.name) if live else None
             status = self.state.status.get(stored.name)
             cost = self._cost_so_far(stored) if live else stored.cost_usd
         return {
@@ -255,6 +255,12 @@ class DurableControl:
             "submitted_at": stored.submitted_at,
             "ended_at": stored.ended_at,
         }
+
+    def _slowdown(self, name: str) -> float | None:
+        """The job's planned slowdown, from its own group only (listing stays linear)."""
+        if name not in self.cluster.job_group:
+            return None
+        return self.cluster.group_of(name).slowdowns().get(name)
 
     def _cost_so_far(self, stored: StoredJob) -> float:
         """Estimate: time since submission × the job's equal share of its group's node price now."""
