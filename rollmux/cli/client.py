@@ -11,8 +11,9 @@ from rich.table import Table
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table(title="jobs")
-    for column in ("name", "state", "group", "rollout nodes", "train nodes", "slowdown", "SLO", "iterations", "cost $"):
-        table.add_column(column, justify="left" if column in ("name", "state") else "right")
+    columns = ("name", "state", "group", "rollout nodes", "train nodes", "slowdown", "SLO", "iterations", "cost $")
+    for column in (*columns, "why"):
+        table.add_column(column, justify="left" if column in ("name", "state", "why") else "right")
     for job in jobs:
         table.add_row(
             job["name"],
@@ -24,6 +25,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
             f"{job['slo']:.2f}",
             str(job["iterations"]),
             f"{job['cost_usd']:.2f}",
+            job["reason"],
         )
     return table
 

@@ -6,6 +6,7 @@ Bad input never shows a traceback: one line naming file, line and field, exit co
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -251,23 +252,37 @@ def plan_json(cluster: Cluster) -> dict:
 def run(
     example: Annotated[Path, typer.Argument(help="YAML file with the cluster and the jobs (see examples/run.yaml)")],
     out_dir: Annotated[
-        Path, typer.Option("--out", help="Folder for run.json, timeline.json, gantt.png, rewards.png")
+        Path, typer.Option("--out", help="Folder for run.json, timeline.json, gantt.png, rewards.png and the state")
     ] = Path("out/run"),
-    fresh: Annotated[bool, typer.Option("--fresh", help="Ignore checkpoints of an earlier run and start over")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Forget an earlier run of this folder and start over")] = False,
+    url: Annotated[
+        str | None, typer.Option("--url", help="Submit to this running control plane instead of embedding one")
+    ] = None,
+    token: Annotated[str | None, typer.Option("--token", help="Its bearer token (default $ROLLMUX_TOKEN)")] = None,
 ) -> None:
-    """Run real GRPO jobs multiplexed on shared rollout and training workers on Ray.
+    """Run real jobs multiplexed on shared rollout and training workers on Ray.
 
-    Jobs checkpoint after every iteration; running the same file again resumes them."""
+    The jobs go to one control plane: the one at --url, the one the Ray cluster already
+    has, or one embedded here with its state in the output folder. Jobs checkpoint after
+    every iteration; running the same file again resumes them (or reports them done)."""
     from rollmux.cli.run import execute
     from rollmux.inputs.runfile import load_run_file
+    from rollmux.runtime.launch import Target
 
-    result = execute(load_run_file(example), out_dir, out, fresh)
+    plan = load_run_file(example)
+    target = Target(url, token or os.environ.get("ROLLMUX_TOKEN")) if url else None
+    try:
+        result = execute(plan, out_dir, out, fresh, target)
+    except KeyboardInterrupt:
+        err.print("interrupted: run the same command again to resume from the jobs' checkpoints")
+        raise typer.Exit(code=130) from None
     out.print()
     for name, error in result.errors.items():
         err.print(f"[bold red]job {escape(name)} failed:[/] {escape(error)}", soft_wrap=True)
     out.print(
-        f"timeline: {out_dir / 'timeline.json'} (open in ui.perfetto.dev), gantt: {out_dir / 'gantt.png'}, "
-        f"rewards: {out_dir / 'rewards.png'}"
+        f"control plane: {result.url}; timeline: {out_dir / 'timeline.json'} (open in ui.perfetto.dev), "
+        f"gantt: {out_dir / 'gantt.png'}, rewards: {out_dir / 'rewards.png'}",
+        highlight=False,
     )
     if result.errors:
         raise typer.Exit(code=1)
@@ -295,25 +310,49 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 @friendly_errors
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on")] = 8765,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on")] = 8765,
     state_dir: StateDir = None,
     db: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in the state dir)")] = None,
     policy: Annotated[str, typer.Option(help="Placement policy")] = "rollmux",
-    ray_enabled: Annotated[bool, typer.Option("--ray/--no-ray", help="Start or join Ray for pool capacity")] = True,
+    ray_enabled: Annotated[
+        bool, typer.Option("--ray/--no-ray", help="Run jobs on Ray (else only place and grant turns)")
+    ] = True,
     ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster instead of starting one")] = None,
-    rollout_nodes: Annotated[int, typer.Option(help="Rollout nodes a locally started Ray offers")] = 64,
-    train_nodes: Annotated[int, typer.Option(help="Training nodes a locally started Ray offers")] = 64,
+    rollout_nodes: Annotated[int, typer.Option(min=0, help="Rollout nodes a locally started Ray offers")] = 64,
+    train_nodes: Annotated[int, typer.Option(min=0, help="Training nodes a locally started Ray offers")] = 64,
+    lease_s: Annotated[
+        float, typer.Option(min=0.5, max=3600, help="A session not heard from for this long is lost")
+    ] = 10.0,
+    host_memory_gb: Annotated[float, typer.Option(min=0.001, help="Residency limit per node for roles")] = 8.0,
+    rollout_gpus: Annotated[float, typer.Option(min=0, max=64, help="GPUs each rollout worker asks Ray for")] = 0,
+    train_gpus: Annotated[float, typer.Option(min=0, max=64, help="GPUs each training worker asks Ray for")] = 0,
+    advertise_url: Annotated[
+        str | None, typer.Option(help="URL job drivers use to reach this service (default: from host and port)")
+    ] = None,
 ) -> None:
-    """Run the durable control plane with its HTTP API (token in the state dir, 0600)."""
-    from rollmux.service.server import DEFAULT_STATE_DIR, ServeOptions
-    from rollmux.service.server import serve as run_service
+    """Run the control plane: places jobs, runs their drivers on Ray, grants their phases."""
+    from rollmux.core.spec import Pool
+    from rollmux.service.server import DEFAULT_STATE_DIR, ServeOptions, Service
 
     _policy_names(policy)
     options = ServeOptions(
-        host, port, state_dir or DEFAULT_STATE_DIR, db, policy, ray_enabled, ray_address, rollout_nodes, train_nodes
+        host=host,
+        port=port,
+        state_dir=state_dir or DEFAULT_STATE_DIR,
+        db_url=db,
+        policy=policy,
+        use_ray=ray_enabled,
+        ray_address=ray_address,
+        rollout_nodes=rollout_nodes,
+        train_nodes=train_nodes,
+        lease_s=lease_s,
+        host_memory_gb=host_memory_gb,
+        gpus_per_node={Pool.ROLLOUT: rollout_gpus, Pool.TRAIN: train_gpus},
+        advertise_url=advertise_url,
     )
-    err.print(f"RollMux service on http://{host}:{port} — token in {options.state_dir / 'token'}", highlight=False)
-    run_service(options)
+    service = Service(options)
+    err.print(f"RollMux control plane on {service.url} — token in {options.state_dir / 'token'}", highlight=False)
+    service.run()
 
 
 def _client(url: str | None, token: str | None, state_dir: Path | None):
@@ -325,17 +364,18 @@ def _client(url: str | None, token: str | None, state_dir: Path | None):
 @app.command()
 @friendly_errors
 def submit(
-    spec: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON (the fields of a `rollmux plan` job)")],
+    spec: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON, or a plan with a `jobs:` list")],
     url: ServiceUrl = None,
     token: Token = None,
     state_dir: StateDir = None,
     as_json: AsJson = False,
 ) -> None:
-    """Submit a job to the service; prints where it was placed."""
+    """Submit a job (or a plan, in one transaction); prints where each was placed or why it waits."""
     from rollmux.cli.client import emit, jobs_table
 
-    job = _client(url, token, state_dir).submit(spec)
-    emit(out, job, as_json, jobs_table([job]))
+    answer = _client(url, token, state_dir).submit(spec)
+    jobs = answer if isinstance(answer, list) else [answer]
+    emit(out, answer, as_json, jobs_table(jobs))
 
 
 @app.command()
@@ -351,7 +391,7 @@ def status(
     from rollmux.cli.client import emit, jobs_table
 
     client = _client(url, token, state_dir)
-    jobs = [client.request("GET", f"/v1/jobs/{name}")] if name else client.request("GET", "/v1/jobs")
+    jobs = [client.request("GET", f"/v1/jobs/{name}")] if name else client.jobs()
     emit(out, jobs[0] if name and as_json else jobs, as_json, jobs_table(jobs))
 
 

@@ -1,152 +1,629 @@
-"""The control plane's state machine: jobs, their placement and their phase turns.
+"""The control plane's state machine: admission, placement, leased sessions and fenced
+phase grants in each group's round-robin order.
 
-Pure (no I/O, no clock, no Ray): the Ray actor of the runtime and the HTTP service both
-wrap this one class, adding only what their host needs (an event loop and node
-provisioning; a database and HTTP). Placement is the core's policy, the intra-group order
-is ``fcfs_order`` and turns are ``CyclicTurns``, exactly what the simulator uses.
+Pure (no I/O, no clock): every time is an argument. The service is its only host and adds
+persistence, HTTP, waiting and Ray. Every change is collected as rows to write
+(:meth:`ControlState.drain`), so the store holds a prefix of the changes made here, in
+order, and :meth:`ControlState.restore` rebuilds the same state from it.
+
+A job's life: ``pending`` (queued until the cluster has room) → ``placed`` (seated in a
+group) → ``starting`` (a session began: a new epoch and a lease) → ``running`` (in its
+group's turns) → ``done`` | ``failed`` | ``cancelled``. A session whose lease is not
+renewed within ``lease_s`` is ``lost``: its grant is revoked, it leaves the turns and the
+rest of its group goes on; a new session (the next epoch) brings it back. Every grant
+carries the job's epoch and a fencing token that grows with every grant, so calls from an
+expired incarnation are refused here and by the workers.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rollmux.core.cluster import Cluster, Group, Member, Placement, Removal
-from rollmux.core.errors import PhaseOrderError
-from rollmux.core.placement import Policy, place
+from rollmux.core.cluster import Candidate, Cluster, Group, Member, Removal
+from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch, UnknownJob
+from rollmux.core.placement import Policy, check_residency
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
-from rollmux.core.spec import JobSpec, PhaseTime, Pool
+from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
 
+PENDING, PLACED, STARTING, RUNNING, LOST = "pending", "placed", "starting", "running", "lost"
+DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
+LIVE_STATES = (PENDING, PLACED, STARTING, RUNNING, LOST)
+ENDED_STATES = (DONE, FAILED, CANCELLED)
+SESSION_STATES = (STARTING, RUNNING)
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How many nodes of each pool the cluster offers (None: unbounded)."""
+
+    rollout: int | None = None
+    train: int | None = None
+
+    def limit(self, pool: Pool) -> int | None:
+        return self.rollout if pool is Pool.ROLLOUT else self.train
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A phase granted to one incarnation of a job: its nodes, its epoch, its fencing token."""
+
+    job: str
+    phase: str
+    nodes: tuple[int, ...]
+    epoch: int
+    token: int
+    iteration: int
+    requested_at: float
+    granted_at: float
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    """What the holder measured of its phase: warm-up, work, offload."""
+
+    busy_s: float = 0.0
+    wake_s: float = 0.0
+    sleep_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PhaseEntry:
+    """One line of the phase log: a grant and how it ended (``released`` or ``revoked``)."""
+
+    grant: Grant
+    ended_at: float
+    timing: PhaseTiming
+    outcome: str
+
+
+@dataclass(frozen=True)
+class EventEntry:
+    job: str
+    at: float
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class MetricsEntry:
+    job: str
+    iteration: int
+    values: dict[str, float]
 
 
 @dataclass
-class JobStatus:
-    state: str = "placed"
-    phase: str = "-"
+class Job:
+    """A live job as the control plane tracks it."""
+
+    name: str
+    seq: int
+    spec: JobSpec
+    program: dict[str, Any]
+    """What runs the job (kind, entrypoint, arguments); opaque to the core."""
+    submitted_at: float
+    priority: int = 0
+    max_restarts: int = 3
+    state: str = PENDING
+    reason: str = ""
+    epoch: int = 0
     iteration: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    error: str = ""
+    next_phase: str = ROLLOUT
+    restarts: int = 0
+    """Restarts charged to the job (its session was lost)."""
+    launch: int = 0
+    """How many times a driver was started again (charged or not): names each incarnation."""
+    lease_until: float = 0.0
+    grant: Grant | None = None
+    request: tuple[str, float] | None = None
+    """The phase the job is waiting for, and since when."""
+    last_token: int = 0
+    """Token of the last grant it released: a retried release of it is answered, not refused."""
+    placed_at: float | None = None
+    ended_at: float | None = None
+    cost_usd: float = 0.0
+    """Cost of the placements it already left; :meth:`ControlState.cost_so_far` adds the current one."""
+    last_seat: tuple[int, tuple[int, ...], tuple[int, ...], bool] | None = None
+    """Group, rollout and training nodes, co-located flag of its last seat (kept once it left)."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job's row as persisted: the job and, once placed, its seat."""
+
+    job: Job
+    group_id: int | None = None
+    rollout_nodes: tuple[int, ...] = ()
+    train_nodes: tuple[int, ...] = ()
+    colocated: bool = False
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    id: int
+    pool: Pool
+    due: str | None
+    """The job whose turn is next on the node."""
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    id: int
+    nodes: tuple[NodeRecord, ...]
+
+
+@dataclass
+class Delta:
+    """Rows to write for the changes made since the last drain, in one transaction."""
+
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    groups: dict[int, GroupRecord | None] = field(default_factory=dict)
+    """``None``: the group is gone (with its nodes)."""
+    counters: dict[str, int] = field(default_factory=dict)
+    phases: list[PhaseEntry] = field(default_factory=list)
+    events: list[EventEntry] = field(default_factory=list)
+    metrics: list[MetricsEntry] = field(default_factory=list)
+    wake: set[str] = field(default_factory=set)
+    """Jobs granted a phase they were waiting for: wake them once this is durable."""
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.groups or self.phases or self.events or self.metrics)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything :meth:`ControlState.restore` needs: live jobs (in submission order),
+    groups with their nodes, and the id counters."""
+
+    jobs: list[JobRecord]
+    groups: list[GroupRecord]
+    counters: dict[str, int]
 
 
 class ControlState:
-    """Cluster state plus who may run which phase now, for one control plane."""
+    """Jobs, groups and who may run which phase now, for the one control plane."""
 
-    def __init__(self, cluster: Cluster, policy: Policy):
+    def __init__(self, cluster: Cluster, policy: Policy, lease_s: float = 10.0, capacity: Capacity | None = None):
         self.cluster = cluster
         self.policy = policy
-        self.active: dict[int, list[str]] = {}
+        self.lease_s = lease_s
+        self.capacity = capacity or Capacity()
+        self.jobs: dict[str, Job] = {}
+        self.queue: list[str] = []
         self.turns: dict[int, CyclicTurns] = {}
-        self.status: dict[str, JobStatus] = {}
         self.measured: dict[tuple[str, str], list[float]] = {}
+        self.next_seq = 0
+        self.next_token = 0
+        self._delta = Delta()
+        self._dirty_jobs: set[str] = set()
+        self._dirty_groups: set[int] = set()
 
-    def submit(self, spec: JobSpec) -> Placement:
-        """Place a job with the policy; it waits (``placed``) until activated."""
-        placement = place(self.cluster, self.policy, spec)
-        self.status[spec.name] = JobStatus()
-        return placement
+    # --- admission ---------------------------------------------------------------------
 
-    def undo_submit(self, job: str) -> None:
-        """Forget a placement whose nodes could not be provided: nothing half-done."""
-        self.cluster.remove(job)
-        del self.status[job]
+    def validate(self, spec: JobSpec) -> None:
+        """Raise what :meth:`submit` would refuse, changing nothing (a plan checks every job
+        before it submits any)."""
+        if spec.name in self.jobs:
+            raise JobExists(f"a job named {spec.name!r} is already live")
+        check_residency(self.cluster, spec)
+        if self.policy.name == "colocated" and spec.colocated is None:
+            raise ValueError(f"job {spec.name}: the co-located policy needs co-located phase times")
+        for pool in Pool:
+            limit = self.capacity.limit(pool)
+            if limit is not None and spec.width(pool) > limit:
+                raise NoCapacity(
+                    f"job {spec.name} needs {spec.width(pool)} {pool.value} node(s) at once; the cluster offers {limit}"
+                )
 
-    def member(self, job: str) -> Member:
-        return next(m for m in self.cluster.group_of(job).members if m.job.name == job)
+    def submit(
+        self, spec: JobSpec, program: dict[str, Any], now: float, priority: int = 0, max_restarts: int = 3
+    ) -> Job:
+        """Accept a job: it is placed now if the cluster has room, else queued (``pending``)."""
+        self.validate(spec)
+        job = Job(spec.name, self.next_seq, spec, dict(program), now, priority, max_restarts)
+        self.next_seq += 1
+        self.jobs[spec.name] = job
+        self.queue.append(spec.name)
+        self.queue.sort(key=lambda name: (-self.jobs[name].priority, self.jobs[name].seq))
+        self._touch(job)
+        self._event(job.name, now, "submitted", f"priority {priority}")
+        self.admit(now)
+        return job
 
-    def activate(self, job: str) -> None:
-        """The job is ready to run: it joins its group's turn-taking."""
-        group = self.cluster.group_of(job)
-        self.active.setdefault(group.id, []).append(job)
+    def admit(self, now: float) -> list[str]:
+        """Place queued jobs in order while the cluster has room; the first that does not fit
+        waits at the head (strict FIFO within a priority). Returns the jobs placed."""
+        placed = []
+        while self.queue:
+            job = self.jobs[self.queue[0]]
+            candidate = self.policy.choose(self.cluster, job.spec)
+            short = self._shortfall(candidate)
+            if short:
+                if job.reason != short:
+                    job.reason = short
+                    self._touch(job)
+                break
+            self.cluster.commit(candidate)
+            self.queue.pop(0)
+            job.state, job.reason, job.placed_at = PLACED, "", now
+            self._touch(job)
+            self._touch_group(self.cluster.group_of(job.name).id)
+            self._event(job.name, now, "placed", f"group {self.cluster.group_of(job.name).id} ({candidate.kind.value})")
+            placed.append(job.name)
+        return placed
+
+    def set_capacity(self, capacity: Capacity, now: float) -> list[str]:
+        """The cluster offers a different number of nodes; queued jobs may now fit."""
+        self.capacity = capacity
+        return self.admit(now)
+
+    # --- sessions and turns ------------------------------------------------------------
+
+    def begin_session(self, name: str, now: float) -> Job:
+        """A new incarnation of the job (its driver started or restarted): the next epoch
+        and a fresh lease. Whatever an older incarnation held is revoked."""
+        job = self._live(name)
+        if job.state == PENDING:
+            raise PhaseOrderError(f"job {name} is pending ({job.reason or 'queued'}): it is not placed yet")
+        self._leave_turns(job, now, STARTING, "superseded by a new session")
+        job.epoch += 1
+        job.lease_until = now + self.lease_s
+        job.reason = ""
+        self._touch(job)
+        self._event(name, now, "session", f"epoch {job.epoch}")
+        return job
+
+    def activate(self, name: str, epoch: int, iteration: int | None, now: float) -> Job:
+        """The job's roles are loaded: it joins its group's turns, resuming at ``iteration``
+        (its last checkpoint; None keeps the count the control plane has)."""
+        job = self._session(name, epoch, now)
+        if job.state == RUNNING:
+            return job
+        if iteration is not None:
+            job.iteration = iteration
+        job.state, job.next_phase = RUNNING, ROLLOUT
+        group = self.cluster.group_of(name)
         self._rebuild_turns(group)
-        self.status[job].state = "running"
+        self._touch(job)
+        self._event(name, now, "running", f"epoch {epoch} from iteration {job.iteration}")
+        self._grant_due(group, now)
+        return job
 
-    def check_order(self, job: str, phase: str) -> None:
-        """Refuse a phase out of order at once: waiting for it would wait forever."""
-        group = self.cluster.group_of(job)
-        if job not in self.active.get(group.id, []):
-            raise PhaseOrderError(f"job {job} is not active: activate it before asking for phases")
-        due = self.turns[group.id].next_phase[job]
-        if phase != due:
-            raise PhaseOrderError(f"job {job} asked for its {phase} phase, but its {due} phase comes first")
+    def heartbeat(self, name: str, epoch: int, now: float) -> Job:
+        """Renew the session's lease."""
+        return self._session(name, epoch, now)
 
-    def may_start(self, job: str, phase: str) -> bool:
-        return self._turns_of(job).may_start(job, phase)
+    def acquire(self, name: str, phase: str, epoch: int, now: float) -> Grant | None:
+        """The grant of ``phase`` if the group's round-robin gives it now (asking again
+        returns the grant already held), else None: the job waits and is granted as soon as
+        its turn comes (see :attr:`Delta.wake`)."""
+        job = self._session(name, epoch, now)
+        if job.state != RUNNING:
+            raise PhaseOrderError(f"job {name} is not active: activate it before asking for phases")
+        if job.grant is not None:
+            if job.grant.phase == phase:
+                return job.grant
+            raise PhaseOrderError(f"job {name} asked for {phase} while it holds its {job.grant.phase} grant")
+        if phase != job.next_phase:
+            raise PhaseOrderError(f"job {name} asked for its {phase} phase, but its {job.next_phase} phase comes first")
+        if job.request is None:
+            job.request = (phase, now)
+        self._grant_due(self.cluster.group_of(name), now)
+        return job.grant
 
-    def start(self, job: str, phase: str) -> tuple[int, ...]:
-        nodes = self._turns_of(job).start(job, phase)
-        self.status[job].phase = phase
-        return nodes
-
-    def finish(self, job: str, phase: str, busy_s: float) -> None:
-        """The phase is over: its nodes go to the next job in turn; its duration is learnt."""
-        self._turns_of(job).finish(job, phase)
-        self.status[job].phase = "-"
-        window = self.measured.setdefault((job, phase), [])
-        window.append(busy_s)
-        del window[:-PROFILE_WINDOW]
+    def release(self, name: str, phase: str, epoch: int, token: int, timing: PhaseTiming, now: float) -> None:
+        """The phase is over: its nodes go to the next job in turn, its duration is learnt.
+        A retried release of the grant last released is answered without a change."""
+        job = self._live(name)
+        if job.grant is None and token == job.last_token and epoch == job.epoch:
+            return
+        self._session(name, epoch, now)
+        if job.grant is None or job.grant.phase != phase:
+            raise PhaseOrderError(f"job {name} released {phase} without holding it")
+        if job.grant.token != token:
+            raise StaleEpoch(f"job {name}: grant {token} is not the one it holds ({job.grant.token})")
+        group = self.cluster.group_of(name)
+        self.turns[group.id].finish(name, phase)
+        self._delta.phases.append(PhaseEntry(job.grant, now, timing, "released"))
+        job.next_phase = TRAIN if phase == ROLLOUT else ROLLOUT
         if phase == TRAIN:
-            self._update_profile(job)
+            job.iteration += 1
+        job.grant, job.last_token = None, token
+        self._touch(job)
+        self._touch_group(group.id)
+        self._learn(job, phase, timing.busy_s)
+        self._grant_due(group, now)
 
-    def progress(self, job: str, iteration: int, metrics: dict[str, float]) -> None:
-        self.status[job].iteration = iteration
-        self.status[job].metrics = dict(metrics)
+    def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float], now: float) -> None:
+        """Metrics of one iteration (kept per iteration: a repeated report replaces it)."""
+        self._session(name, epoch, now)
+        self._delta.metrics.append(MetricsEntry(name, iteration, dict(metrics)))
 
-    def complete(self, job: str, state: str = "done", error: str = "") -> Removal:
-        """The job ended, failed or was cancelled: it leaves its turns and its group."""
-        group = self.cluster.group_of(job)
-        if job in self.active.get(group.id, []):
-            self.active[group.id].remove(job)
-        removal = self.cluster.remove(job)
-        if group.id in self.cluster.groups and self.active.get(group.id):
-            self._rebuild_turns(self.cluster.groups[group.id])
+    def expire(self, now: float) -> list[str]:
+        """Sessions whose lease ran out are lost: grants revoked, out of the turns."""
+        lost = [j.name for j in self.jobs.values() if j.state in SESSION_STATES and j.lease_until < now]
+        for name in lost:
+            self.lose(name, now, f"lease expired: no heartbeat for {self.lease_s:g} s (epoch {self.jobs[name].epoch})")
+        return lost
+
+    def lose(self, name: str, now: float, reason: str) -> None:
+        """The job's session is gone (lease expired, or its driver is known dead): its grant
+        is revoked and it leaves the turns; the rest of its group goes on."""
+        job = self._live(name)
+        self._leave_turns(job, now, LOST, reason)
+        job.reason = reason
+        self._event(name, now, "lost", reason)
+
+    def restart(self, name: str, now: float, counted: bool = True) -> bool:
+        """A lost job gets a new driver, if it has restarts left; else it fails (and leaves).
+        ``counted=False``: the job is not at fault (the control plane itself restarted)."""
+        job = self._live(name)
+        job.restarts += int(counted)
+        job.launch += 1
+        if job.restarts > job.max_restarts:
+            self.end(name, FAILED, now, f"lost {job.restarts} times (max_restarts {job.max_restarts}): {job.reason}")
+            return False
+        job.state, job.reason = PLACED, f"restart {job.restarts}/{job.max_restarts} after: {job.reason}"
+        self._touch(job)
+        self._event(name, now, "restart", job.reason)
+        return True
+
+    def end(self, name: str, state: str, now: float, error: str = "") -> Removal | None:
+        """The job finished, failed or was cancelled: it leaves its turns and its group;
+        nodes no one uses are released and queued jobs may take them."""
+        job = self._live(name)
+        removal = None
+        if job.state == PENDING:
+            self.queue.remove(name)
         else:
-            self.turns.pop(group.id, None)
-            self.active.pop(group.id, None)
-        self.status[job].state = state
-        self.status[job].error = error
-        self.status[job].phase = "-"
+            job.cost_usd = self.cost_so_far(job, now)
+            removal = self._unseat(job, now, state)
+        job.state, job.reason, job.ended_at = state, error, now
+        job.grant = job.request = None
+        self._touch(job)
+        self._event(name, now, state, error)
+        self.admit(now)
         return removal
 
-    def snapshot(self) -> dict[str, Any]:
-        """Jobs, groups, nodes and cost rate, for displays, reports and the API."""
-        slowdowns = self.cluster.slowdowns()
-        return {
-            "jobs": {name: {**asdict(s), "slowdown": slowdowns.get(name)} for name, s in self.status.items()},
-            "groups": {
-                g.id: {
-                    "rollout_nodes": list(g.rollout_nodes),
-                    "train_nodes": list(g.train_nodes),
-                    "jobs": [m.job.name for m in g.members],
-                    "cycle_s": g.schedule.cycle,
-                }
-                for g in self.cluster.groups.values()
-            },
-            "cost_per_hour": self.cluster.cost_per_hour(),
-            "nodes": {pool.value: self.cluster.nodes(pool) for pool in Pool},
-        }
+    def end_session(self, name: str, epoch: int, state: str, now: float, error: str = "") -> Removal | None:
+        """The job's own driver ends it (done, or failed with ``error``): fenced by epoch."""
+        self._session(name, epoch, now)
+        return self.end(name, state, now, error)
 
-    def _turns_of(self, job: str) -> CyclicTurns:
-        return self.turns[self.cluster.group_of(job).id]
+    # --- views ---------------------------------------------------------------------------
+
+    def job(self, name: str) -> Job:
+        return self._live(name)
+
+    def seat(self, name: str) -> Member | None:
+        if name not in self.cluster.job_group:
+            return None
+        return next(m for m in self.cluster.group_of(name).members if m.job.name == name)
+
+    def cost_so_far(self, job: Job, now: float) -> float:
+        """Time since placement × the job's equal share of its group's node price now."""
+        if job.placed_at is None or job.name not in self.cluster.job_group:
+            return job.cost_usd
+        group = self.cluster.group_of(job.name)
+        rate = sum(
+            self.cluster.cost.price(self.cluster.node_pool[n]) for n in (*group.rollout_nodes, *group.train_nodes)
+        )
+        return job.cost_usd + (now - job.placed_at) / HOUR * rate / len(group.members)
+
+    # --- persistence ---------------------------------------------------------------------
+
+    def drain(self) -> Delta:
+        """The rows changed since the last drain; ended jobs leave memory here."""
+        delta, self._delta = self._delta, Delta()
+        for name in self._dirty_jobs:
+            delta.jobs[name] = self._record(self.jobs[name])
+        for group_id in self._dirty_groups:
+            delta.groups[group_id] = self._group_record(group_id)
+        delta.counters = {"next_seq": self.next_seq, "next_token": self.next_token}
+        delta.counters["next_node"], delta.counters["next_group"] = self.cluster.next_ids
+        for name in self._dirty_jobs:
+            if self.jobs[name].state in ENDED_STATES:
+                del self.jobs[name]
+                for phase in (ROLLOUT, TRAIN):
+                    self.measured.pop((name, phase), None)
+        self._dirty_jobs, self._dirty_groups = set(), set()
+        return delta
+
+    @classmethod
+    def restore(
+        cls,
+        snapshot: Snapshot,
+        cost: CostModel,
+        planning: Planning,
+        policy: Policy,
+        now: float,
+        lease_s: float = 10.0,
+        capacity: Capacity | None = None,
+    ) -> ControlState:
+        """The state as the store holds it. Live sessions get a fresh lease (their holders
+        may be alive and reconnecting); held grants stay held, so nothing is granted twice."""
+        records = sorted(snapshot.jobs, key=lambda r: r.job.seq)
+        members: dict[int, list[Member]] = {}
+        for r in records:
+            if r.group_id is not None and r.job.state != PENDING:
+                members.setdefault(r.group_id, []).append(
+                    Member(r.job.spec, r.rollout_nodes, r.train_nodes, r.colocated)
+                )
+        groups = [
+            (
+                g.id,
+                [n.id for n in g.nodes if n.pool is Pool.ROLLOUT],
+                [n.id for n in g.nodes if n.pool is Pool.TRAIN],
+                members.get(g.id, []),
+            )
+            for g in sorted(snapshot.groups, key=lambda g: g.id)
+        ]
+        node_pool = {n.id: n.pool for g in snapshot.groups for n in g.nodes}
+        counters = snapshot.counters
+        cluster = Cluster.restore(
+            cost, planning, groups, node_pool, counters.get("next_node", 0), counters.get("next_group", 0)
+        )
+        state = cls(cluster, policy, lease_s, capacity)
+        state.next_seq = counters.get("next_seq", 0)
+        state.next_token = counters.get("next_token", 0)
+        for r in records:
+            job = replace(r.job, request=None)
+            if job.state in SESSION_STATES:
+                job.lease_until = now + lease_s
+            state.jobs[job.name] = job
+            if job.state == PENDING:
+                state.queue.append(job.name)
+        state.queue.sort(key=lambda n: (-state.jobs[n].priority, state.jobs[n].seq))
+        due = {n.id: n.due for g in snapshot.groups for n in g.nodes if n.due is not None}
+        for group in cluster.groups.values():
+            state._rebuild_turns(group)
+            turns = state.turns.get(group.id)
+            if turns is not None:
+                holders = {
+                    node: job.name
+                    for job in (state.jobs[name] for name in turns.jobs)
+                    if job.grant is not None
+                    for node in job.grant.nodes
+                }
+                turns.resume({name: state.jobs[name].next_phase for name in turns.jobs}, holders, due)
+        return state
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _live(self, name: str) -> Job:
+        if name not in self.jobs:
+            raise UnknownJob(f"no live job named {name!r}")
+        return self.jobs[name]
+
+    def _session(self, name: str, epoch: int, now: float) -> Job:
+        """The job if ``epoch`` is its current session and that session is alive; renews the lease."""
+        job = self._live(name)
+        if epoch != job.epoch:
+            raise StaleEpoch(f"job {name}: epoch {epoch} is stale, the job is at epoch {job.epoch}")
+        if job.state not in SESSION_STATES:
+            raise StaleEpoch(f"job {name}: session {epoch} is over ({job.state}: {job.reason}); begin a new one")
+        job.lease_until = now + self.lease_s
+        return job
+
+    def _shortfall(self, candidate: Candidate) -> str:
+        """Why the candidate does not fit the cluster's capacity now ('' if it does)."""
+        for pool in Pool:
+            limit = self.capacity.limit(pool)
+            adds = sum(1 for _, p in candidate.new_nodes if p is pool)
+            if limit is not None and adds and self.cluster.nodes(pool) + adds > limit:
+                return f"waiting for {adds} free {pool.value} node(s): {self.cluster.nodes(pool)} of {limit} are in use"
+        return ""
+
+    def _unseat(self, job: Job, now: float, state: str) -> Removal:
+        """Take the job out of its turns (now in ``state``) and its group."""
+        self._leave_turns(job, now, state, f"job {job.name} is {state}")
+        seat = self.seat(job.name)
+        group_id = self.cluster.group_of(job.name).id
+        job.last_seat = (group_id, seat.rollout_nodes, seat.train_nodes, seat.colocated)
+        removal = self.cluster.remove(job.name)
+        self._touch_group(group_id)
+        group = self.cluster.groups.get(group_id)
+        if group is None:
+            self.turns.pop(group_id, None)
+        else:
+            self._rebuild_turns(group)
+            self._grant_due(group, now)
+        return removal
+
+    def _leave_turns(self, job: Job, now: float, state: str, why: str) -> None:
+        """Revoke the job's grant (logged as revoked) and take it out of its group's turns."""
+        if job.grant is not None:
+            self._delta.phases.append(PhaseEntry(job.grant, now, PhaseTiming(), "revoked"))
+            self._event(job.name, now, "revoked", f"{job.grant.phase} grant {job.grant.token}: {why}")
+            job.grant = None
+        job.request = None
+        was_running = job.state == RUNNING
+        job.state = state
+        self._touch(job)
+        if was_running:
+            group = self.cluster.group_of(job.name)
+            self._rebuild_turns(group)
+            self._touch_group(group.id)
+            self._grant_due(group, now)
+
+    def _grant_due(self, group: Group, now: float) -> None:
+        """Grant every waiting job of the group whose turn has come."""
+        turns = self.turns.get(group.id)
+        if turns is None:
+            return
+        for name in turns.jobs:
+            job = self.jobs[name]
+            if job.request is None or job.grant is not None or not turns.may_start(name, job.request[0]):
+                continue
+            phase, asked = job.request
+            nodes = turns.start(name, phase)
+            self.next_token += 1
+            job.grant = Grant(name, phase, nodes, job.epoch, self.next_token, job.iteration, asked, now)
+            job.request = None
+            self._touch(job)
+            self._touch_group(group.id)
+            self._delta.wake.add(name)
 
     def _rebuild_turns(self, group: Group) -> None:
-        """Turns of the group's active jobs in the core's FCFS cyclic order."""
-        active = [m for m in group.members if m.job.name in self.active.get(group.id, [])]
+        """Turns of the group's running jobs in the core's FCFS cyclic order."""
+        active = [m for m in group.members if self.jobs[m.job.name].state == RUNNING]
+        if not active:
+            self.turns.pop(group.id, None)
+            return
         seats = [m.seat(self.cluster.planning) for m in active]
         nodes = {m.job.name: JobNodes(m.rollout_nodes, m.train_nodes) for m in active}
         jobs = [m.job.name for m in active]
-        self.turns[group.id] = CyclicTurns.build(jobs, nodes, fcfs_order(seats), self.turns.get(group.id))
+        turns = CyclicTurns.build(jobs, nodes, fcfs_order(seats), self.turns.get(group.id))
+        for name in jobs:
+            turns.next_phase[name] = self.jobs[name].next_phase
+        self.turns[group.id] = turns
 
-    def _update_profile(self, job: str) -> None:
+    def _learn(self, job: Job, phase: str, busy_s: float) -> None:
         """Feed measured phase durations back into the job's profile in the core."""
-        times = {phase: self.measured.get((job, phase), []) for phase in (ROLLOUT, TRAIN)}
-        if not all(times.values()):
+        window = self.measured.setdefault((job.name, phase), [])
+        window.append(busy_s)
+        del window[:-PROFILE_WINDOW]
+        times = [self.measured.get((job.name, p), []) for p in (ROLLOUT, TRAIN)]
+        if phase != TRAIN or not all(times):
             return
-        profile = {phase: _profile(values) for phase, values in times.items()}
-        self.cluster.update_phase_times(job, profile[ROLLOUT], profile[TRAIN])
+        self.cluster.update_phase_times(job.name, _profile(times[0]), _profile(times[1]))
+        job.spec = self.seat(job.name).job
+
+    def _touch(self, job: Job) -> None:
+        self._dirty_jobs.add(job.name)
+
+    def _touch_group(self, group_id: int) -> None:
+        self._dirty_groups.add(group_id)
+
+    def _event(self, job: str, at: float, kind: str, detail: str) -> None:
+        self._delta.events.append(EventEntry(job, at, kind, detail))
+
+    def _record(self, job: Job) -> JobRecord:
+        seat = self.seat(job.name)
+        if seat is not None:
+            group_id = self.cluster.job_group[job.name]
+            return JobRecord(replace(job), group_id, seat.rollout_nodes, seat.train_nodes, seat.colocated)
+        if job.last_seat is not None and job.state in ENDED_STATES:
+            return JobRecord(replace(job), *job.last_seat)
+        return JobRecord(replace(job))
+
+    def _group_record(self, group_id: int) -> GroupRecord | None:
+        group = self.cluster.groups.get(group_id)
+        if group is None:
+            return None
+        turns = self.turns.get(group_id)
+        nodes = tuple(
+            NodeRecord(
+                node, self.cluster.node_pool[node], turns.due(node) if turns and node in turns.sequence else None
+            )
+            for node in (*group.rollout_nodes, *group.train_nodes)
+        )
+        return GroupRecord(group_id, nodes)
 
 
 def _profile(values: list[float]) -> PhaseTime:

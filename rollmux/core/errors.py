@@ -18,3 +18,20 @@ class ResidencyExceeded(RollMuxError):
 
 class PhaseOrderError(RollMuxError):
     """A job asked for (or released) a phase out of turn or out of the rollout → training order."""
+
+
+class StaleEpoch(RollMuxError):
+    """A call carried an epoch or grant token older than the job's current one: it came
+    from an incarnation whose lease expired (a zombie), and is refused (fencing)."""
+
+
+class JobExists(RollMuxError):
+    """A job of that name was already accepted with another spec (names are never reused)."""
+
+
+class JobEnded(RollMuxError):
+    """The job is no longer live: it cannot take phases or be cancelled."""
+
+
+class NoCapacity(RollMuxError):
+    """The job needs more nodes of a pool than the whole cluster offers: it can never run."""

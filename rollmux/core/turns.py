@@ -88,6 +88,22 @@ class CyclicTurns:
             self.position[node] = (self.position[node] + 1) % len(self.sequence[node])
         self.next_phase[job] = TRAIN if phase == ROLLOUT else ROLLOUT
 
+    def due(self, node: int) -> str:
+        """The job whose turn is next on ``node`` (the holder while it holds it)."""
+        return self.sequence[node][self.position[node]]
+
+    def resume(self, next_phase: Mapping[str, str], holder: Mapping[int, str], due: Mapping[int, str]) -> None:
+        """Continue from persisted state: each job's next phase, each node's holder and the
+        job due next on each node. Unknown jobs are ignored (they left meanwhile)."""
+        for job in self.jobs:
+            self.next_phase[job] = next_phase.get(job, ROLLOUT)
+        for node, queue in self.sequence.items():
+            if holder.get(node) in queue:
+                self.holder[node] = holder[node]
+                self.position[node] = queue.index(holder[node])
+            elif due.get(node) in queue:
+                self.position[node] = queue.index(due[node])
+
     def startable(self) -> list[tuple[str, str]]:
         """Every (job, phase) that may start now, in seat order."""
         return [(job, self.next_phase[job]) for job in self.jobs if self.may_start(job, self.next_phase[job])]

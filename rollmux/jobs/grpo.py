@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rollmux.runtime.program import JobContext
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState, read_checkpoint
 
@@ -266,21 +267,31 @@ class GRPOJob:
     checkpoint: str | None = None
     """Trainer checkpoint file, rewritten after every iteration; a job that finds one resumes."""
 
+    @classmethod
+    def from_context(cls, context: JobContext) -> GRPOJob:
+        """The job as the control plane starts it (``kind: grpo``, or an entrypoint naming
+        ``<module>:<GRPOJob subclass>.from_context``)."""
+        return cls(GRPOConfig(**context.args), context.iterations, context.checkpoint)
+
     def role_factory(self, phase_name: str):
         return partial(GRPORollout if phase_name == "rollout" else GRPOTrainer, self.config, self.checkpoint)
 
+    def resume_from(self) -> int:
+        return len(self.completed())
+
     def run(self, session: Session) -> list[dict[str, float]]:
         history = self.completed()
-        session.resume(len(history))
         for iteration in range(len(history), self.iterations):
             with phase("rollout"):
                 batch = session.call("rollout", "generate", iteration)
             with phase("train"):
                 result = session.call("train", "train", batch)
                 session.sync_weights(session.call("train", "weights"))
+                # Reported before the checkpoint: a crash in between redoes the iteration
+                # and reports the same metrics again, so no iteration goes unreported.
+                history.append(session.report(session.fetch(result), iteration))
                 if self.checkpoint:
                     session.call("train", "checkpoint", self.checkpoint)
-            history.append(session.report(session.fetch(result)))
         return history
 
     def completed(self) -> list[dict[str, float]]:

@@ -1,44 +1,91 @@
-"""Job drivers: one Ray actor per job, running the job's loop against the control plane."""
+"""Job drivers: one detached Ray actor per job, started (and restarted) by the control plane.
+
+A driver begins a session (the next epoch, a lease kept alive by heartbeats), loads the
+job's roles on its nodes' workers, joins its group's turns from the iteration its
+checkpoint reached, and runs the job program. It ends the job when the program returns
+(done) or raises (failed, with the cause). A driver whose session was fenced out (a newer
+incarnation exists) stops without touching the job.
+"""
 
 from __future__ import annotations
 
+import os
 import traceback
-from typing import Any
 
 import ray
 
+from rollmux.core.errors import StaleEpoch
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.core.spec import JobSpec
-from rollmux.runtime.session import JobProgram, Session, attach
+from rollmux.inputs.runfile import JobSubmission
+from rollmux.runtime.nodes import NAMESPACE, worker_of
+from rollmux.runtime.program import JobContext, load_program
+from rollmux.runtime.session import Session, attach
+from rollmux.service.client import Client, ServiceError, TurnSession
+
+
+def driver_name(job: str, incarnation: int) -> str:
+    return f"rollmux-driver-{job}-{incarnation}"
 
 
 class JobDriver:
-    """Submits the job, cold-starts its roles on its nodes, then runs its loop."""
+    def pid(self) -> int:
+        return os.getpid()
 
-    def __init__(self, control: Any):
-        self.control = control
-
-    def run(self, spec: JobSpec, program: JobProgram) -> list[dict[str, float]]:
-        placement = ray.get(self.control.submit.remote(spec))
-        error = ""
+    def run(self, url: str, token: str, job: str) -> str:
+        """Run the job to its end; returns how it ended (for logs: the control plane knows)."""
+        client = Client(url, token)
+        turns = client.session(job)
         try:
-            loads = [
-                worker.load.remote(spec.name, program.role_factory(phase))
-                for phase in (ROLLOUT, TRAIN)
-                for worker in placement.workers_of(phase)
-            ]
-            ray.get(loads)
-            ray.get(self.control.activate.remote(spec.name))
-            session = Session(self.control, placement)
+            spec = JobSubmission.model_validate(turns.info["program"])
+            assert spec.callable_path is not None and spec.iterations is not None, f"{job} is not run by RollMux"
+            context = JobContext(job, spec.iterations, spec.program_args, turns.info["checkpoint"])
+            program = load_program(spec.callable_path, context)
+            nodes = {ROLLOUT: turns.info["rollout_nodes"], TRAIN: turns.info["train_nodes"]}
+            workers = {node: worker_of(node) for phase_nodes in nodes.values() for node in phase_nodes}
+            ray.get(
+                [
+                    workers[node].load.remote(job, turns.epoch, program.role_factory(phase))
+                    for phase, phase_nodes in nodes.items()
+                    for node in phase_nodes
+                ]
+            )
+            resume = getattr(program, "resume_from", None)
+            turns.activate(resume() if resume else None)
+            session = Session(turns, workers)
             attach(session)
-            return program.run(session)
+            program.run(session)
+        except StaleEpoch as fenced:
+            return f"fenced: {fenced}"
         except BaseException as failure:
-            error = "".join(traceback.format_exception_only(type(failure), failure)).strip()
-            raise
+            return _end(turns, _describe(failure))
+        else:
+            return _end(turns, "")
         finally:
             attach(None)
-            ray.get(self.control.complete.remote(spec.name, error))
+            turns.close()
 
 
-def driver_actor(control: Any):
-    return ray.remote(JobDriver).options(num_cpus=0).remote(control)
+def start_driver(job: str, incarnation: int) -> ray.actor.ActorHandle:
+    """A new detached driver actor for one incarnation of the job."""
+    return (
+        ray.remote(JobDriver)
+        .options(name=driver_name(job, incarnation), namespace=NAMESPACE, lifetime="detached", num_cpus=0)
+        .remote()
+    )
+
+
+def _end(turns: TurnSession, error: str) -> str:
+    """Tell the control plane the job ended, unless it already knows (cancelled, fenced)."""
+    try:
+        turns.complete(error)
+    except (ServiceError, StaleEpoch) as refused:
+        return f"not ended by this driver: {refused}"
+    return f"failed: {error}" if error else "done"
+
+
+def _describe(failure: BaseException) -> str:
+    """The innermost cause of a failure that crossed actors, as 'Type: message'."""
+    cause: BaseException = failure
+    while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
+        cause = cause.cause
+    return "".join(traceback.format_exception_only(type(cause), cause)).strip()

@@ -1,10 +1,12 @@
-"""Logical RollMux nodes on Ray: each one a placement group holding one pool resource.
+"""Logical RollMux nodes on Ray: each one a placement group holding one pool resource (and
+the node type's GPUs), with the node's worker actor inside it.
 
 A Ray node offers ``rollmux_rollout_node`` or ``rollmux_train_node`` resources, one unit
-per RollMux node it can host (custom resources on a laptop, GPUs' hosts on a cluster).
+per RollMux node it can host (custom resources on a laptop, GPU hosts on a cluster).
 Reserving a RollMux node is reserving one unit through a placement group, so Ray itself
-refuses to hand the same node to two groups; the node's worker actor is scheduled into
-that placement group.
+refuses to hand the same node to two groups. Placement groups and workers are detached
+and named after the node, so they outlive a restart of the control plane, which finds
+them again by name.
 """
 
 from __future__ import annotations
@@ -13,23 +15,29 @@ import asyncio
 from dataclasses import dataclass
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, get_placement_group, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import Pool
 from rollmux.runtime.workers import PoolWorker
 
+NAMESPACE = "rollmux"
 POOL_RESOURCE = {Pool.ROLLOUT: "rollmux_rollout_node", Pool.TRAIN: "rollmux_train_node"}
-
-
-class NoCapacity(RollMuxError):
-    """The Ray cluster has no free node of the pool a placement needs."""
 
 
 def pool_resources(rollout_nodes: int, train_nodes: int) -> dict[str, float]:
     """Custom resources a local Ray instance offers for this many nodes of each pool."""
     return {POOL_RESOURCE[Pool.ROLLOUT]: float(rollout_nodes), POOL_RESOURCE[Pool.TRAIN]: float(train_nodes)}
+
+
+def node_name(node_id: int) -> str:
+    """Name of the node's placement group and of its worker actor."""
+    return f"rollmux-node-{node_id}"
+
+
+def worker_of(node_id: int) -> ray.actor.ActorHandle:
+    """The worker actor of a provisioned node, from any process of the Ray cluster."""
+    return ray.get_actor(node_name(node_id), namespace=NAMESPACE)
 
 
 @dataclass
@@ -41,45 +49,63 @@ class ProvisionedNode:
 
 
 class NodeProvisioner:
-    """Creates and releases the placement group and worker actor of each logical node."""
+    """Creates, finds again and releases the placement group and worker of each node."""
 
-    def __init__(self, host_limit_bytes: int, ready_timeout_s: float = 60.0):
+    def __init__(self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None):
         self.host_limit_bytes = host_limit_bytes
-        self.ready_timeout_s = ready_timeout_s
+        self.gpus_per_node = gpus_per_node or {}
         self.nodes: dict[int, ProvisionedNode] = {}
 
-    async def add(self, node_id: int, pool: Pool) -> ray.actor.ActorHandle:
-        resource = POOL_RESOURCE[pool]
-        group = placement_group([{resource: 1.0}], strategy="STRICT_PACK")
+    def ensure(self, node_id: int, pool: Pool) -> ProvisionedNode:
+        """The node's placement group and worker: found by name if they survived, else
+        created. Does not wait for Ray to reserve them (see :meth:`ready`)."""
+        if node_id in self.nodes:
+            return self.nodes[node_id]
+        name = node_name(node_id)
         try:
-            await asyncio.wait_for(group.ready(), timeout=self.ready_timeout_s)
-        except asyncio.TimeoutError:
-            remove_placement_group(group)
-            raise NoCapacity(
-                f"no free {pool.value} node in the Ray cluster within {self.ready_timeout_s:.0f} s: "
-                f"add Ray nodes offering the '{resource}' resource or release jobs"
-            ) from None
+            group = get_placement_group(name)
+        except ValueError:
+            bundle = {POOL_RESOURCE[pool]: 1.0}
+            gpus = self.gpus_per_node.get(pool, 0.0)
+            if gpus:
+                bundle["GPU"] = gpus
+            group = placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime="detached")
         worker = (
             ray.remote(PoolWorker)
             .options(
+                name=name,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
                 num_cpus=0,
-                resources={resource: 1.0},
+                num_gpus=self.gpus_per_node.get(pool, 0.0),
+                resources={POOL_RESOURCE[pool]: 1.0},
                 max_concurrency=4,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
             )
             .remote(node_id, pool.value, self.host_limit_bytes)
         )
         self.nodes[node_id] = ProvisionedNode(node_id, pool, group, worker)
-        return worker
+        return self.nodes[node_id]
 
-    def worker(self, node_id: int) -> ray.actor.ActorHandle:
-        return self.nodes[node_id].worker
+    async def ready(self, node_id: int) -> None:
+        """Wait until Ray has reserved the node and its worker answers."""
+        node = self.nodes[node_id]
+        await node.group.ready()
+        await node.worker.where.remote()
 
-    def release_all(self) -> None:
-        for node_id in list(self.nodes):
-            self.release(node_id)
+    async def wait_ready(self, node_id: int, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self.ready(node_id), timeout=timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def release(self, node_id: int) -> None:
         node = self.nodes.pop(node_id)
         ray.kill(node.worker)
         remove_placement_group(node.group)
+
+    def release_all(self) -> None:
+        for node_id in list(self.nodes):
+            self.release(node_id)

@@ -1,84 +1,69 @@
 """The phase API that job code uses: ``with rollmux.phase("rollout"):`` and friends.
 
-A job's driver process holds one :class:`Session`. Entering a phase asks the control
-plane for the grant (blocking until the group's round-robin gives this job its turn) and
-wakes the job's roles on the phase's nodes; leaving puts them back to sleep in host memory
-and reports the measured phase to the control plane. Processes stay alive throughout.
+A job's driver holds one :class:`Session`: its turn-taking with the control plane (a
+:class:`~rollmux.service.client.TurnSession`: epoch, lease, grants) and the workers of its
+nodes. Entering a phase asks the control plane for the grant (blocking until the group's
+round-robin gives this job its turn) and wakes the job's roles on the phase's nodes with
+the grant's fencing token; leaving puts them back to sleep in host memory and hands the
+phase back with what it measured. Processes stay alive throughout.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import ContextDecorator
-from typing import Any, Protocol
+from typing import Any
 
 import ray
 
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.core.turns import PhaseRecord
-from rollmux.runtime.control import JobPlacement
+from rollmux.service.client import Grant, TurnSession
 
 PHASES = (ROLLOUT, TRAIN)
 _current: Session | None = None
 
 
-class JobProgram(Protocol):
-    """The shape of a RollMux job: role factories for the workers and a driver loop."""
-
-    def role_factory(self, phase: str) -> Any: ...
-
-    def run(self, session: Session) -> list[dict[str, float]]: ...
-
-
 class Session:
     """A job's connection to the control plane and to the workers of its placement."""
 
-    def __init__(self, control: Any, placement: JobPlacement):
-        self.control = control
-        self.placement = placement
-        self.job = placement.job
-        self.iteration = 0
+    def __init__(self, turns: TurnSession, workers: dict[int, Any]):
+        self.turns = turns
+        self.job = turns.job
+        self.epoch = turns.epoch
+        self.rollout_nodes: tuple[int, ...] = tuple(turns.info["rollout_nodes"])
+        self.train_nodes: tuple[int, ...] = tuple(turns.info["train_nodes"])
+        self.workers = workers
         self.began = time.time()
-        self.holding: str | None = None
-        self._requested = self._granted = self._started = 0.0
+        self.grant: Grant | None = None
+        self._started = 0.0
         self._wake_s = 0.0
 
-    def resume(self, iteration: int) -> None:
-        """Continue counting from ``iteration`` (a job restored from a checkpoint)."""
-        self.iteration = iteration
+    @property
+    def iteration(self) -> int:
+        return self.turns.iteration
+
+    def workers_of(self, phase: str) -> list[Any]:
+        return [self.workers[n] for n in (self.rollout_nodes if phase == ROLLOUT else self.train_nodes)]
 
     def enter(self, phase: str) -> None:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
-        if self.holding is not None:
-            raise RuntimeError(f"{self.job}: phase {phase} entered inside phase {self.holding}")
-        self._requested = time.time()
-        ray.get(self.control.acquire.remote(self.job, phase))
-        self._granted = time.time()
-        self.holding = phase
-        self._wake_s = max(ray.get([w.wake.remote(self.job) for w in self.placement.workers_of(phase)]))
-        self._started = time.time()
+        if self.grant is not None:
+            raise RuntimeError(f"{self.job}: phase {phase} entered inside phase {self.grant.phase}")
+        grant = self.turns.acquire(phase)
+        self.grant = grant
+        wakes = [w.wake.remote(self.job, self.epoch, grant.token) for w in self.workers_of(phase)]
+        self._wake_s = max(ray.get(wakes))
+        self._started = time.perf_counter()
 
     def leave(self, phase: str) -> None:
-        ended = time.time()
-        sleep_s = max(ray.get([w.sleep.remote(self.job) for w in self.placement.workers_of(phase)]))
-        record = PhaseRecord(
-            job=self.job,
-            phase=phase,
-            iteration=self.iteration,
-            nodes=self.placement.rollout_nodes if phase == ROLLOUT else self.placement.train_nodes,
-            requested=self._requested,
-            granted=self._granted,
-            started=self._started,
-            ended=ended,
-            released=time.time(),
-            wake_s=self._wake_s,
-            sleep_s=sleep_s,
-        )
-        self.holding = None
-        ray.get(self.control.release.remote(record))
-        if phase == TRAIN:
-            self.iteration += 1
+        grant = self.grant
+        assert grant is not None and grant.phase == phase, f"{self.job}: left {phase} without holding it"
+        busy_s = time.perf_counter() - self._started
+        self.grant = None
+        sleeps = [w.sleep.remote(self.job, self.epoch, grant.token) for w in self.workers_of(phase)]
+        sleep_s = max(ray.get(sleeps))
+        self.turns.release(grant, busy_s, self._wake_s, sleep_s)
 
     def call(self, phase: str, method: str, *args: Any) -> ray.ObjectRef:
         """Run ``method`` of the job's role on the phase's first node and wait for it.
@@ -86,9 +71,9 @@ class Session:
         Returns the result's reference, so large results (a rollout batch) can be passed
         to the other role without a copy through the driver.
         """
-        if self.holding != phase:
+        if self.grant is None or self.grant.phase != phase:
             raise RuntimeError(f"{self.job}: {phase} role called outside its phase")
-        ref = self.placement.workers_of(phase)[0].call.remote(self.job, method, *args)
+        ref = self.workers_of(phase)[0].call.remote(self.job, self.epoch, self.grant.token, method, *args)
         ray.wait([ref], fetch_local=False)
         return ref
 
@@ -98,13 +83,13 @@ class Session:
 
     def sync_weights(self, published: ray.ObjectRef) -> None:
         """Weight sync: deliver (version, weights) to every rollout node of the job."""
-        ray.get([w.deliver.remote(self.job, published) for w in self.placement.workers_of(ROLLOUT)])
+        ray.get([w.deliver.remote(self.job, self.epoch, published) for w in self.workers_of(ROLLOUT)])
 
-    def report(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Tell the control plane how the job is doing; returns the metrics stamped with the
-        seconds since the job's session began."""
-        stamped = {**metrics, "elapsed_s": time.time() - self.began}
-        ray.get(self.control.progress.remote(self.job, self.iteration, stamped))
+    def report(self, metrics: dict[str, float], iteration: int | None = None) -> dict[str, float]:
+        """Tell the control plane how the job is doing (default: the iteration just trained);
+        returns the metrics stamped with the seconds since the session began."""
+        stamped = {"elapsed_s": time.time() - self.began, **metrics}
+        self.turns.report(stamped, iteration)
         return stamped
 
 

@@ -3,17 +3,25 @@
 A worker never tears a role down between phases: roles sleep in host memory and wake
 when their job is granted the node. Host memory used by sleeping roles is accounted per
 node and the residency limit is enforced when a role is loaded.
+
+Fencing: every wake carries the grant's token, and the worker remembers the highest token
+it has seen. A wake with an older token, or a call from anyone but the holder of the
+newest one, is refused with :class:`StaleEpoch`; a role of an older epoch of its job is
+refused too. Waking and calling hold the node's one execution lock, so a zombie's call
+still running finishes before the next holder's role wakes: two jobs never compute on
+one node at once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import ray
 
-from rollmux.core.errors import ResidencyExceeded, RollMuxError
+from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch
 from rollmux.runtime.state import RoleState
 
 
@@ -35,64 +43,107 @@ class PoolWorker:
         self.pool = pool
         self.host_limit_bytes = host_limit_bytes
         self.roles: dict[str, Role] = {}
+        self.epochs: dict[str, int] = {}
         self.pending_weights: dict[str, tuple[int, dict]] = {}
+        self.fence = 0
+        self.awake: str | None = None
+        self.running = threading.Lock()
+        self.accounting = threading.Lock()
 
     def where(self) -> dict[str, Any]:
         """The logical node and the Ray node this worker runs on."""
         return {"node_id": self.node_id, "pool": self.pool, "ray_node_id": ray.get_runtime_context().get_node_id()}
 
-    def load(self, job: str, factory: Callable[[], Role]) -> dict[str, float]:
-        """Cold start of a job's role: build it, then put it to sleep in host memory."""
+    def load(self, job: str, epoch: int, factory: Callable[[], Role]) -> dict[str, float]:
+        """Cold start of a job's role for session ``epoch``: build it, then put it to sleep
+        in host memory. It replaces the role of an older epoch of the same job."""
+        self._check_epoch(job, epoch)
         start = time.perf_counter()
         role = factory()
         role.state.sleep()
         needed = role.state.host_bytes()
-        used = self.host_bytes()
-        if used + needed > self.host_limit_bytes:
-            raise ResidencyExceeded(
-                f"node {self.node_id} ({self.pool}): {job} needs {needed / 2**20:.1f} MiB of host memory, "
-                f"{(self.host_limit_bytes - used) / 2**20:.1f} MiB of {self.host_limit_bytes / 2**20:.1f} MiB left"
-            )
-        self.roles[job] = role
+        with self.accounting:
+            self._check_epoch(job, epoch)
+            used = sum(r.state.host_bytes() for j, r in self.roles.items() if j != job)
+            if used + needed > self.host_limit_bytes:
+                raise ResidencyExceeded(
+                    f"node {self.node_id} ({self.pool}): {job} needs {needed / 2**20:.1f} MiB of host memory, "
+                    f"{(self.host_limit_bytes - used) / 2**20:.1f} MiB of {self.host_limit_bytes / 2**20:.1f} MiB left"
+                )
+            self.epochs[job] = epoch
+            self.roles[job] = role
+            self.pending_weights.pop(job, None)
+            if self.awake == job:
+                self.awake = None
         return {"cold_s": time.perf_counter() - start, "host_bytes": float(needed)}
 
     def unload(self, job: str) -> None:
-        self.roles.pop(job, None)
-        self.pending_weights.pop(job, None)
+        with self.accounting:
+            self.roles.pop(job, None)
+            self.pending_weights.pop(job, None)
+            if self.awake == job:
+                self.awake = None
 
-    def wake(self, job: str) -> float:
-        """Bring the job's role onto the device; apply weights delivered while it slept."""
-        role = self._role(job)
-        seconds = role.state.wake()
-        if job in self.pending_weights:
-            version, weights = self.pending_weights.pop(job)
-            start = time.perf_counter()
-            role.load_weights(version, weights)  # type: ignore[attr-defined]
-            seconds += time.perf_counter() - start
-        return seconds
+    def wake(self, job: str, epoch: int, token: int) -> float:
+        """Bring the job's role onto the device for the grant ``token``; apply weights
+        delivered while it slept. A role still awake from a revoked grant is put to sleep."""
+        with self.running:
+            self._check_epoch(job, epoch, exact=True)
+            if token < self.fence:
+                raise StaleEpoch(f"node {self.node_id}: grant {token} of {job} is older than grant {self.fence}")
+            self.fence = token
+            seconds = 0.0
+            if self.awake is not None and self.awake != job and self.awake in self.roles:
+                seconds += self.roles[self.awake].state.sleep()
+            role = self._role(job)
+            seconds += role.state.wake()
+            self.awake = job
+            if job in self.pending_weights:
+                version, weights = self.pending_weights.pop(job)
+                start = time.perf_counter()
+                role.load_weights(version, weights)  # type: ignore[attr-defined]
+                seconds += time.perf_counter() - start
+            return seconds
 
-    def sleep(self, job: str) -> float:
-        return self._role(job).state.sleep()
+    def sleep(self, job: str, epoch: int, token: int) -> float:
+        with self.running:
+            self._check_holder(job, epoch, token)
+            self.awake = None
+            return self._role(job).state.sleep()
 
-    def deliver(self, job: str, published: tuple[int, dict]) -> int:
+    def deliver(self, job: str, epoch: int, published: tuple[int, dict]) -> int:
         """Receive a job's new weights (version, tensors); they are applied at its next wake.
 
         Runs beside another job's phase (the actor is threaded) and only stores a reference.
         """
+        self._check_epoch(job, epoch, exact=True)
         self._role(job)
         version, weights = published
         self.pending_weights[job] = (version, weights)
         return version
 
-    def call(self, job: str, method: str, *args: Any) -> Any:
-        """Run one method of the job's role; only while the job holds this node."""
-        role = self._role(job)
-        if not role.state.awake:
-            raise PhaseNotGranted(f"{job} called {method} on node {self.node_id} outside its phase")
-        return getattr(role, method)(*args)
+    def call(self, job: str, epoch: int, token: int, method: str, *args: Any) -> Any:
+        """Run one method of the job's role; only while its grant is the node's newest."""
+        with self.running:
+            self._check_epoch(job, epoch, exact=True)
+            if not self._role(job).state.awake:
+                raise PhaseNotGranted(f"{job} called {method} on node {self.node_id} outside its phase")
+            self._check_holder(job, epoch, token)
+            return getattr(self.roles[job], method)(*args)
 
     def host_bytes(self) -> int:
-        return sum(role.state.host_bytes() for role in self.roles.values())
+        with self.accounting:
+            return sum(role.state.host_bytes() for role in self.roles.values())
+
+    def _check_epoch(self, job: str, epoch: int, exact: bool = False) -> None:
+        known = self.epochs.get(job, 0)
+        if epoch < known or (exact and epoch != known):
+            raise StaleEpoch(f"node {self.node_id}: {job} epoch {epoch} is stale (the node holds epoch {known})")
+
+    def _check_holder(self, job: str, epoch: int, token: int) -> None:
+        self._check_epoch(job, epoch, exact=True)
+        if token != self.fence or self.awake != job:
+            raise StaleEpoch(f"node {self.node_id}: grant {token} of {job} no longer holds it (newest: {self.fence})")
 
     def _role(self, job: str) -> Role:
         if job not in self.roles:

@@ -1,51 +1,152 @@
-"""The HTTP API of ``rollmux serve`` (FastAPI; the OpenAPI schema is at /openapi.json).
+"""The HTTP API of the control plane (FastAPI; the OpenAPI schema is at /openapi.json).
 
-Every request needs ``Authorization: Bearer <token>``. Job specs arrive as JSON or YAML
-and are validated with the same pydantic model as ``rollmux plan`` files; an invalid
-spec gets 422 naming the field and the reason, and nothing is stored.
+Every endpoint but ``/healthz`` and ``/readyz`` needs ``Authorization: Bearer <token>``,
+checked with the body's size and nesting before the body is read
+(:mod:`rollmux.service.guard`). Handlers are coroutines that never block: a job waiting
+for its turn holds no thread. Job specs arrive as JSON or YAML and are validated with the
+same pydantic model as run files; an invalid spec gets 422 naming the field and the
+reason, and nothing is stored.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, Literal
 
 import yaml
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi import FastAPI, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollmux.core.errors import PhaseOrderError, ResidencyExceeded, UnknownJob
-from rollmux.inputs.jobfile import NAME_PATTERN, PlanJob
-from rollmux.service.control import DurableControl, JobEnded, JobExists, NoCapacity
+from rollmux.core.control import PhaseTiming
+from rollmux.core.errors import (
+    JobEnded,
+    JobExists,
+    NoCapacity,
+    PhaseOrderError,
+    ResidencyExceeded,
+    RollMuxError,
+    StaleEpoch,
+    UnknownJob,
+)
+from rollmux.inputs.jobfile import NAME_PATTERN
+from rollmux.inputs.runfile import JobSubmission, Plan
+from rollmux.service.client import ERROR_HEADER
+from rollmux.service.control import ControlPlane
+from rollmux.service.guard import RequestGuard
 
-MAX_BODY_BYTES = 64 * 1024
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 JobName = Annotated[str, PathParam(pattern=NAME_PATTERN, max_length=128)]
 Phase = Literal["rollout", "train"]
+State = Literal["pending", "placed", "starting", "running", "lost", "done", "failed", "cancelled"]
 MAX_WAIT_S = 30.0
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
+MAX_LIST = 1000
 
 
 class JobView(BaseModel):
     name: str
     state: str
+    reason: str
+    kind: str
+    priority: int
     group_id: int | None
     rollout_nodes: list[int]
     train_nodes: list[int]
     slo: float
     slowdown: float | None
     iterations: int
+    epoch: int
+    restarts: int
+    phase: str | None
+    metrics: dict[str, float] | None = Field(default=None, description="the last iteration's metrics")
     cost_usd: float
     submitted_at: float
     ended_at: float | None
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+    next_cursor: int | None = Field(description="pass as `cursor` for the next page; null on the last")
+
+
+class SessionView(BaseModel):
+    epoch: int
+    iteration: int
+    lease_s: float
+    rollout_nodes: list[int]
+    train_nodes: list[int]
+    program: dict[str, Any]
+    checkpoint: str
+
+
+class Lease(BaseModel):
+    epoch: int
+    lease_until: float
+
+
+class GrantView(BaseModel):
+    granted: bool
+    phase: str | None = None
+    nodes: list[int] = []
+    epoch: int | None = None
+    token: int | None = None
+    iteration: int | None = None
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class EpochBody(_Body):
+    epoch: int = Field(ge=0, le=2**62, description="the session's epoch (fencing)")
+
+
+class ActivateBody(EpochBody):
+    iteration: int | None = Field(default=None, ge=0, le=10**9, description="resume here (its last checkpoint)")
+
+
+class ReleaseBody(EpochBody):
+    token: int = Field(ge=0, le=2**62, description="the grant's fencing token")
+    busy_s: float = Field(ge=0, le=1e7, description="measured duration of the phase's work")
+    wake_s: float = Field(default=0.0, ge=0, le=1e7)
+    sleep_s: float = Field(default=0.0, ge=0, le=1e7)
+
+
+class ProgressBody(EpochBody):
+    iteration: int = Field(ge=0, le=10**9)
+    metrics: dict[Annotated[str, Field(max_length=64)], float] = Field(max_length=64)
+
+
+class CompleteBody(EpochBody):
+    error: str = Field(default="", max_length=4000, description="empty: done; else: failed, with this cause")
+
+
+class PhaseEvent(BaseModel):
+    id: int
+    job: str
+    epoch: int
+    token: int
+    phase: str
+    iteration: int
+    nodes: list[int]
+    requested_at: float
+    granted_at: float
+    ended_at: float
+    busy_s: float
+    wake_s: float
+    sleep_s: float
+    outcome: str
+
+
+class EventView(BaseModel):
+    at: float
+    kind: str
+    detail: str
 
 
 class GroupJob(BaseModel):
@@ -68,46 +169,32 @@ class NodeView(BaseModel):
     id: int
     pool: str
     group_id: int
+    holder: str | None
     busy_fraction: float
     price_per_hour: float
 
 
 class ClusterSummary(BaseModel):
     nodes: dict[str, int]
+    capacity: dict[str, int | None]
     groups: int
     jobs: dict[str, int]
+    queued: int
     cost_usd_per_hour: float
     busy_fraction: dict[str, float]
     bubble_fraction: float
     accepted_since_start: int
+    commits_since_start: int
 
 
 class Problem(BaseModel):
     detail: Any
 
 
-class Grant(BaseModel):
-    granted: bool
-    nodes: list[int]
-
-
-class PhaseDone(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    busy_s: float = Field(ge=0, le=1e7, description="measured duration of the phase's work")
-
-
-class PhaseEvent(BaseModel):
-    phase: str
-    iteration: int
-    nodes: list[int]
-    busy_s: float
-    ended_at: float
-
-
 class _Metrics:
     """Prometheus collector reading the control plane at scrape time."""
 
-    def __init__(self, control: DurableControl):
+    def __init__(self, control: ControlPlane):
         self.control = control
 
     def collect(self):
@@ -117,12 +204,13 @@ class _Metrics:
         for pool, count in summary["nodes"].items():
             nodes.add_metric([pool], count)
             busy.add_metric([pool], summary["busy_fraction"][pool])
-        jobs = GaugeMetricFamily("rollmux_jobs", "Jobs known to the service, per state", labels=["state"])
+        jobs = GaugeMetricFamily("rollmux_jobs", "Live jobs, per state", labels=["state"])
         for state, count in summary["jobs"].items():
             jobs.add_metric([state], count)
         yield nodes
         yield busy
         yield jobs
+        yield GaugeMetricFamily("rollmux_queued_jobs", "Jobs waiting for capacity", value=summary["queued"])
         yield GaugeMetricFamily("rollmux_groups", "Co-execution groups", value=summary["groups"])
         yield GaugeMetricFamily(
             "rollmux_cost_usd_per_hour", "Price of the nodes held", value=summary["cost_usd_per_hour"]
@@ -131,180 +219,263 @@ class _Metrics:
         yield CounterMetricFamily(
             "rollmux_submissions", "Jobs accepted since start", value=summary["accepted_since_start"]
         )
+        yield CounterMetricFamily(
+            "rollmux_commits", "Store transactions since start", value=summary["commits_since_start"]
+        )
 
 
 def _errors(error: ValidationError | RequestValidationError, prefix: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     return [{"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in error.errors()]
 
 
-async def _job_body(request: Request) -> dict[str, Any]:
-    """The submitted spec as plain data, from JSON or YAML; 413/415/422 when it is not one."""
+async def _parsed_body(request: Request) -> Any:
+    """The body as plain data, from JSON or YAML; 415/422 when it is not one."""
     raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body over {MAX_BODY_BYTES} bytes")
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     try:
         if kind in YAML_TYPES:
-            data = yaml.safe_load(raw.decode("utf-8"))
-        elif kind == "application/json":
-            data = json.loads(raw)
-        else:
-            raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "send application/json or application/yaml")
+            return yaml.safe_load(raw.decode("utf-8"))
+        if kind == "application/json":
+            return json.loads(raw)
     except (ValueError, yaml.YAMLError) as error:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body"], "msg": f"not parseable: {error}"}]
         ) from None
-    if not isinstance(data, dict):
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body"], "msg": "expected an object"}])
-    return data
+    except RecursionError:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body"], "msg": "nested too deeply"}]
+        ) from None
+    raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "send application/json or application/yaml")
+
+
+def _validated(model: type[BaseModel], data: Any) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, _errors(error, ("body",))) from None
 
 
 @contextmanager
 def _errors_as_http():
-    """The control plane's refusals as HTTP answers: unknown job 404, out of turn 409."""
+    """The control plane's refusals as HTTP answers: unknown 404, conflicts 409, bad 422."""
     try:
         yield
     except UnknownJob as error:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
-    except (JobEnded, PhaseOrderError) as error:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+    except (JobEnded, JobExists, PhaseOrderError, StaleEpoch, NoCapacity, ResidencyExceeded) as error:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(error), {ERROR_HEADER: type(error).__name__}) from None
+    except (RollMuxError, ValueError) as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body"], "msg": str(error)}]) from None
 
 
-def create_app(control: DurableControl, token: str) -> FastAPI:
+def create_app(control: ControlPlane, token: str) -> Any:
+    """The API app wrapped in its request guard (token, size, nesting); the control plane
+    starts and stops with it."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await control.start()
+        try:
+            yield
+        finally:
+            await control.stop()
+
     app = FastAPI(
-        openapi_url=None,
+        lifespan=lifespan,
+        openapi_url="/openapi.json",
         docs_url=None,
         redoc_url=None,
         title="RollMux",
-        version="0.1.0",
-        description="Cluster scheduler for RL post-training jobs on disaggregated rollout and training pools.",
+        version="0.2.0",
+        description="Control plane of RollMux: RL post-training jobs on disaggregated rollout and training pools.",
     )
-
-    def authorised(credentials: Credentials) -> None:
-        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), token.encode()):
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-            )
-
     registry = CollectorRegistry()
     registry.register(_Metrics(control))
-    guarded = [Depends(authorised)]
-    failures = {401: {"model": Problem}, 404: {"model": Problem}}
+    base = {401: {"model": Problem}, 413: {"model": Problem}, 422: {"model": Problem}}
+    one = {**base, 404: {"model": Problem}, 409: {"model": Problem}}
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _errors(error)}, status_code=422)
 
-    @app.post(
-        "/v1/jobs",
-        status_code=201,
-        response_model=JobView,
-        dependencies=guarded,
-        responses={401: {"model": Problem}, 409: {"model": Problem}, 422: {"model": Problem}},
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": PlanJob.model_json_schema()},
-                    "application/yaml": {"schema": PlanJob.model_json_schema()},
-                },
-            }
-        },
-    )
-    async def submit(request: Request) -> dict[str, Any]:
-        """Submit a job spec (JSON or YAML). 201 once it is placed and durably stored."""
-        data = await _job_body(request)
-        try:
-            job = PlanJob.model_validate(data)
-        except ValidationError as error:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, _errors(error, ("body",))) from None
-        try:
-            return control.submit(job.to_spec(job.name, job.slo))
-        except JobExists as error:
-            raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
-        except (NoCapacity, ResidencyExceeded) as error:
-            raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+    spec_body = {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": JobSubmission.model_json_schema()},
+                "application/yaml": {"schema": JobSubmission.model_json_schema()},
+            },
+        }
+    }
 
-    @app.get("/v1/jobs", response_model=list[JobView], dependencies=guarded, responses={401: {"model": Problem}})
-    def list_jobs() -> list[dict[str, Any]]:
-        """Every job ever accepted, in submission order."""
-        return control.jobs()
-
-    @app.get("/v1/jobs/{name}", response_model=JobView, dependencies=guarded, responses=failures)
-    def get_job(name: JobName) -> dict[str, Any]:
+    @app.post("/v1/jobs", status_code=201, response_model=JobView, responses=one, openapi_extra=spec_body)
+    async def submit(request: Request, response: Response) -> dict[str, Any]:
+        """Submit a job (JSON or YAML): 201 once placed or queued and durably stored; 200 if an
+        identical job of that name was submitted before (a retry)."""
+        job = _validated(JobSubmission, await _parsed_body(request))
         with _errors_as_http():
-            return control.job(name)
+            views, fresh = await control.submit([job])
+        response.status_code = 201 if fresh else 200
+        return views[0]
 
-    @app.delete(
-        "/v1/jobs/{name}", response_model=JobView, dependencies=guarded, responses={**failures, 409: {"model": Problem}}
-    )
-    def cancel_job(name: JobName) -> dict[str, Any]:
-        """Cancel a live job: it leaves its group; nodes no one uses are released."""
+    plan_body = {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": Plan.model_json_schema()},
+                "application/yaml": {"schema": Plan.model_json_schema()},
+            },
+        }
+    }
+
+    @app.post("/v1/plans", status_code=201, response_model=list[JobView], responses=one, openapi_extra=plan_body)
+    async def submit_plan(request: Request, response: Response) -> list[dict[str, Any]]:
+        """Submit a plan (``jobs:`` list) in one transaction: every job accepted, or none."""
+        plan = _validated(Plan, await _parsed_body(request))
         with _errors_as_http():
-            return control.cancel(name)
+            views, fresh = await control.submit(plan.jobs)
+        response.status_code = 201 if fresh else 200
+        return views
 
-    lifecycle = {**failures, 400: {"model": Problem}, 409: {"model": Problem}}
-
-    @app.post("/v1/jobs/{name}/activate", response_model=JobView, dependencies=guarded, responses=lifecycle)
-    def activate_job(name: JobName) -> dict[str, Any]:
-        """The job's processes are up: it joins its group's round-robin (again, after a restart)."""
-        with _errors_as_http():
-            return control.activate(name)
-
-    @app.post("/v1/jobs/{name}/complete", response_model=JobView, dependencies=guarded, responses=lifecycle)
-    def complete_job(name: JobName) -> dict[str, Any]:
-        """The job ran all its iterations: it leaves its group, unused nodes are released."""
-        with _errors_as_http():
-            return control.complete(name)
-
-    @app.post("/v1/jobs/{name}/phases/{phase}/acquire", response_model=Grant, dependencies=guarded, responses=lifecycle)
-    def acquire_phase(
-        name: JobName, phase: Phase, wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 10.0
+    @app.get("/v1/jobs", response_model=JobList, responses=base)
+    async def list_jobs(
+        state: Annotated[list[State] | None, Query(description="only jobs in these states")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
+        cursor: Annotated[int, Query(ge=-1, le=2**62, description="next_cursor of the previous page")] = -1,
     ) -> dict[str, Any]:
-        """Long poll: the phase's nodes once the group's round-robin grants it to this job, or
-        ``granted: false`` after ``wait_s`` seconds (ask again)."""
-        with _errors_as_http():
-            nodes = control.acquire(name, phase, wait_s)
-        return {"granted": nodes is not None, "nodes": list(nodes or ())}
+        """Jobs in submission order, a page at a time."""
+        return await control.list_jobs(list(state or ()), cursor, limit)
 
-    @app.post("/v1/jobs/{name}/phases/{phase}/release", dependencies=guarded, responses=lifecycle)
-    def release_phase(name: JobName, phase: Phase, done: PhaseDone) -> dict[str, str]:
-        """The phase is over: it is recorded and its nodes go to the next job in turn."""
+    @app.get("/v1/jobs/{name}", response_model=JobView, responses=one)
+    async def get_job(name: JobName) -> dict[str, Any]:
         with _errors_as_http():
-            control.release(name, phase, done.busy_s)
+            return await control.view(name)
+
+    @app.delete("/v1/jobs/{name}", response_model=JobView, responses=one)
+    async def cancel_job(name: JobName) -> dict[str, Any]:
+        """Cancel a live job: it leaves its group (or the queue); nodes no one uses are released."""
+        with _errors_as_http():
+            return await control.cancel(name)
+
+    @app.post("/v1/jobs/{name}/sessions", status_code=201, response_model=SessionView, responses=one)
+    async def begin_session(name: JobName) -> dict[str, Any]:
+        """A new incarnation of the job (its driver started): the next epoch and a lease.
+        Whatever an older incarnation held is revoked."""
+        with _errors_as_http():
+            return await control.begin_session(name)
+
+    @app.post("/v1/jobs/{name}/activate", response_model=JobView, responses=one)
+    async def activate_job(name: JobName, body: ActivateBody) -> dict[str, Any]:
+        """The job's roles are loaded: it joins its group's round-robin."""
+        with _errors_as_http():
+            return await control.activate(name, body.epoch, body.iteration)
+
+    @app.post("/v1/jobs/{name}/heartbeat", response_model=Lease, responses=one)
+    async def heartbeat(name: JobName, body: EpochBody) -> dict[str, Any]:
+        """Renew the session's lease (every call of the session renews it too)."""
+        with _errors_as_http():
+            return await control.heartbeat(name, body.epoch)
+
+    @app.post("/v1/jobs/{name}/phases/{phase}/acquire", response_model=GrantView, responses=one)
+    async def acquire_phase(
+        name: JobName,
+        phase: Phase,
+        epoch: Annotated[int, Query(ge=0, le=2**62)],
+        wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 10.0,
+    ) -> dict[str, Any]:
+        """Long poll: the grant once the group's round-robin gives this job its turn, or
+        ``granted: false`` after ``wait_s`` (ask again; the grant already made is returned)."""
+        with _errors_as_http():
+            grant = await control.acquire(name, phase, epoch, wait_s)
+        if grant is None:
+            return {"granted": False}
+        return {
+            "granted": True,
+            "phase": grant.phase,
+            "nodes": list(grant.nodes),
+            "epoch": grant.epoch,
+            "token": grant.token,
+            "iteration": grant.iteration,
+        }
+
+    @app.post("/v1/jobs/{name}/phases/{phase}/release", responses=one)
+    async def release_phase(name: JobName, phase: Phase, body: ReleaseBody) -> dict[str, str]:
+        """The phase is over: it is logged and its nodes go to the next job in turn."""
+        timing = PhaseTiming(body.busy_s, body.wake_s, body.sleep_s)
+        with _errors_as_http():
+            await control.release(name, phase, body.epoch, body.token, timing)
         return {"status": "released"}
 
-    @app.get("/v1/jobs/{name}/phases", response_model=list[PhaseEvent], dependencies=guarded, responses=failures)
-    def list_phases(name: JobName) -> list[dict[str, Any]]:
-        """Every phase the job reported, in order."""
+    @app.post("/v1/jobs/{name}/progress", responses=one)
+    async def progress(name: JobName, body: ProgressBody) -> dict[str, str]:
+        """Metrics of one iteration (loss, reward, ...), kept per iteration."""
         with _errors_as_http():
-            return control.phases(name)
+            await control.report(name, body.epoch, body.iteration, body.metrics)
+        return {"status": "recorded"}
 
-    @app.get("/v1/groups", response_model=list[GroupView], dependencies=guarded, responses={401: {"model": Problem}})
-    def list_groups() -> list[dict[str, Any]]:
+    @app.post("/v1/jobs/{name}/complete", response_model=JobView, responses=one)
+    async def complete_job(name: JobName, body: CompleteBody) -> dict[str, Any]:
+        """The job's driver ends it: done, or failed with ``error``; its nodes are released."""
+        with _errors_as_http():
+            return await control.complete(name, body.epoch, body.error)
+
+    @app.get("/v1/jobs/{name}/phases", response_model=list[PhaseEvent], responses=one)
+    async def job_phases(name: JobName) -> list[dict[str, Any]]:
+        """The job's phase log, in the order phases ended (released or revoked)."""
+        with _errors_as_http():
+            await control.view(name)
+        return await control.phase_log(name)
+
+    @app.get("/v1/phases", response_model=list[PhaseEvent], responses=base)
+    async def all_phases(
+        after: Annotated[int, Query(ge=-1, le=2**62, description="the last id of the previous page")] = -1,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        """The phase log of every job, in the order phases ended, a page at a time."""
+        return await control.phase_log(None, after, limit)
+
+    @app.get("/v1/jobs/{name}/events", response_model=list[EventView], responses=one)
+    async def job_events(name: JobName) -> list[dict[str, Any]]:
+        """Lifecycle events: submitted, placed, session, running, lost, restart, revoked, ended."""
+        with _errors_as_http():
+            await control.view(name)
+        return await control.events(name)
+
+    @app.get("/v1/jobs/{name}/metrics", response_model=list[dict[str, float]], responses=one)
+    async def job_metrics(name: JobName) -> list[dict[str, float]]:
+        """The metrics the job reported, one entry per iteration."""
+        with _errors_as_http():
+            await control.view(name)
+        return await control.metrics(name)
+
+    @app.get("/v1/groups", response_model=list[GroupView], responses=base)
+    async def list_groups() -> list[dict[str, Any]]:
         return control.groups()
 
-    @app.get("/v1/nodes", response_model=list[NodeView], dependencies=guarded, responses={401: {"model": Problem}})
-    def list_nodes() -> list[dict[str, Any]]:
+    @app.get("/v1/nodes", response_model=list[NodeView], responses=base)
+    async def list_nodes() -> list[dict[str, Any]]:
         return control.nodes()
 
-    @app.get("/v1/cluster", response_model=ClusterSummary, dependencies=guarded, responses={401: {"model": Problem}})
-    def cluster_summary() -> dict[str, Any]:
-        """Nodes per pool, cost rate, busy and bubble fractions."""
+    @app.get("/v1/cluster", response_model=ClusterSummary, responses=base)
+    async def cluster_summary() -> dict[str, Any]:
+        """Nodes per pool and capacity, jobs per state, queue, cost rate, busy fractions."""
         return control.summary()
 
-    @app.get("/metrics", response_class=PlainTextResponse, dependencies=guarded, responses={401: {"model": Problem}})
-    def metrics() -> PlainTextResponse:
+    @app.get("/metrics", response_class=PlainTextResponse, responses=base)
+    async def metrics() -> PlainTextResponse:
         """Prometheus exposition format."""
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/openapi.json", dependencies=guarded, include_in_schema=False)
-    def openapi_schema() -> dict[str, Any]:
-        """The OpenAPI schema of this API (behind the token, like everything else)."""
-        return app.openapi()
-
-    @app.get("/healthz", dependencies=guarded, responses={401: {"model": Problem}})
-    def healthz() -> dict[str, str]:
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers (no token needed)."""
         return {"status": "ok"}
 
-    return app
+    @app.get("/readyz", responses={503: {"model": Problem}})
+    async def readyz() -> JSONResponse:
+        """Readiness: state loaded, store writable, executor up (no token needed)."""
+        if control.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"detail": "starting or stopping"}, status_code=503)
+
+    return RequestGuard(app, token)

@@ -1,68 +1,232 @@
-"""A client of ``rollmux serve``: the CLI's requests, and the phase API for jobs that run
-their own workers and only ask RollMux for their turns."""
+"""A client of the control plane: the CLI's requests, and the turn-taking protocol every
+job speaks (RollMux's own drivers and jobs that run their own workers alike).
+
+Requests are retried while the control plane is unreachable or restarting (up to
+``retry_s``), which is safe because every request is idempotent: a resubmitted identical
+job is answered with the job, an acquire returns the grant already held, a release of a
+grant already released is answered, a repeated report replaces the same iteration.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
-from rollmux.core.errors import RollMuxError
+from rollmux.core.errors import RollMuxError, StaleEpoch
 from rollmux.service.auth import read_token
-from rollmux.service.server import DEFAULT_PORT, DEFAULT_STATE_DIR
 
+DEFAULT_PORT = 8765
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_STATE_DIR = Path.home() / ".rollmux"
+ERROR_HEADER = "x-rollmux-error"
 
 
 class ServiceError(RollMuxError):
-    """The service refused the request or could not be reached."""
+    """The control plane refused the request, or could not be reached in time."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class Client:
-    def __init__(self, url: str | None, token: str | None, state_dir: Path | None = None):
+    def __init__(
+        self, url: str | None = None, token: str | None = None, state_dir: Path | None = None, retry_s: float = 60.0
+    ):
         self.url = (url or os.environ.get("ROLLMUX_URL") or DEFAULT_URL).rstrip("/")
         self.token = token or os.environ.get("ROLLMUX_TOKEN") or read_token(state_dir or DEFAULT_STATE_DIR)
+        self.retry_s = retry_s
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {self.token}"}, timeout=30.0)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        headers = {"Authorization": f"Bearer {self.token}", **kwargs.pop("headers", {})}
-        try:
-            timeout = kwargs.pop("timeout", 30.0)
-            response = httpx.request(method, self.url + path, headers=headers, timeout=timeout, **kwargs)
-        except httpx.HTTPError as error:
-            raise ServiceError(f"cannot reach the RollMux service at {self.url}: {error}") from None
-        if response.status_code >= 400:
-            raise ServiceError(f"{response.status_code}: {_problem(response)}")
-        return response.json()
+        """One request; retried while the service is unreachable or not ready."""
+        deadline = time.monotonic() + self.retry_s
+        pause = 0.1
+        while True:
+            try:
+                response = self.http.request(method, self.url + path, **kwargs)
+            except httpx.TransportError as error:
+                if time.monotonic() + pause > deadline:
+                    raise ServiceError(f"cannot reach the RollMux control plane at {self.url}: {error}") from None
+            else:
+                if response.status_code != 503 or time.monotonic() + pause > deadline:
+                    return _answer(response)
+            time.sleep(pause)
+            pause = min(2.0, pause * 2)
 
     def submit(self, spec_file: Path) -> Any:
+        """Submit a job spec file (YAML or JSON): one job, or a plan with a ``jobs:`` list."""
         try:
             body = Path(spec_file).read_bytes()
         except FileNotFoundError:
             raise ServiceError(f"{spec_file}: file not found") from None
         kind = "application/json" if Path(spec_file).suffix == ".json" else "application/yaml"
-        return self.request("POST", "/v1/jobs", content=body, headers={"Content-Type": kind})
+        try:
+            data = yaml.safe_load(body)
+        except (yaml.YAMLError, RecursionError):
+            data = None
+        is_plan = isinstance(data, dict) and "jobs" in data
+        return self.request(
+            "POST", "/v1/plans" if is_plan else "/v1/jobs", content=body, headers={"Content-Type": kind}
+        )
+
+    def jobs(self, states: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every job (of these states), following the pages."""
+        found, cursor = [], -1
+        while cursor is not None:
+            page = self.request("GET", "/v1/jobs", params={"state": states or [], "limit": 1000, "cursor": cursor})
+            found += page["jobs"]
+            cursor = page["next_cursor"]
+        return found
+
+    def phase_log(self) -> list[dict[str, Any]]:
+        """The whole phase log, following the pages."""
+        found: list[dict[str, Any]] = []
+        while True:
+            after = found[-1]["id"] if found else -1
+            page = self.request("GET", "/v1/phases", params={"after": after, "limit": 10_000})
+            if not page:
+                return found
+            found += page
+
+    def session(self, job: str) -> TurnSession:
+        """Begin a new session (incarnation) of ``job``: a new epoch, heartbeats started."""
+        return TurnSession(self, job, self.request("POST", f"/v1/jobs/{job}/sessions"))
 
     @contextmanager
-    def phase(self, job: str, name: str, wait_s: float = 10.0) -> Iterator[list[int]]:
-        """Hold ``name`` for ``job``: blocks (long polls) until the group's round-robin grants
-        it, yields the phase's nodes, and reports the measured duration when the body ends."""
+    def running(self, job: str, iteration: int | None = None) -> Iterator[TurnSession]:
+        """A session of a job that runs its own workers: activated on entry; on exit the job
+        is complete (done), or failed with the exception that escaped."""
+        turns = self.session(job)
+        try:
+            turns.activate(iteration)
+            yield turns
+        except StaleEpoch:
+            raise
+        except BaseException as failure:
+            turns.complete(f"{type(failure).__name__}: {failure}")
+            raise
+        else:
+            turns.complete()
+        finally:
+            turns.close()
+
+
+@dataclass(frozen=True)
+class Grant:
+    phase: str
+    nodes: tuple[int, ...]
+    epoch: int
+    token: int
+    iteration: int
+
+
+class TurnSession:
+    """One incarnation of a job talking to the control plane: it heartbeats its lease,
+    asks for its phases in turn and hands them back, every call fenced by its epoch."""
+
+    def __init__(self, client: Client, job: str, info: dict[str, Any], poll_s: float = 10.0):
+        self.client = client
+        self.job = job
+        self.info = info
+        self.epoch: int = info["epoch"]
+        self.iteration: int = info["iteration"]
+        self.lease_s: float = info["lease_s"]
+        self.poll_s = min(poll_s, self.lease_s / 2)
+        self._heartbeat = _Heartbeat(
+            Client(client.url, client.token, retry_s=self.lease_s), job, self.epoch, self.lease_s
+        )
+        self._heartbeat.start()
+
+    def activate(self, iteration: int | None = None) -> dict[str, Any]:
+        """Join the group's turns, resuming at ``iteration`` (None: where the control plane counts)."""
+        view = self._post("activate", {"epoch": self.epoch, "iteration": iteration})
+        self.iteration = view["iterations"]
+        return view
+
+    def acquire(self, phase: str) -> Grant:
+        """Block until the group grants ``phase`` (long polls; the grant survives a lost reply)."""
         while True:
-            grant = self.request(
-                "POST", f"/v1/jobs/{job}/phases/{name}/acquire", params={"wait_s": wait_s}, timeout=wait_s + 30
+            answer = self.client.request(
+                "POST",
+                f"/v1/jobs/{self.job}/phases/{phase}/acquire",
+                params={"epoch": self.epoch, "wait_s": self.poll_s},
+                timeout=self.poll_s + 30,
             )
-            if grant["granted"]:
-                break
+            if answer["granted"]:
+                return Grant(phase, tuple(answer["nodes"]), answer["epoch"], answer["token"], answer["iteration"])
+
+    def release(self, grant: Grant, busy_s: float, wake_s: float = 0.0, sleep_s: float = 0.0) -> None:
+        body = {"epoch": self.epoch, "token": grant.token, "busy_s": busy_s, "wake_s": wake_s, "sleep_s": sleep_s}
+        self._post(f"phases/{grant.phase}/release", body)
+        if grant.phase == "train":
+            self.iteration = grant.iteration + 1
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[Grant]:
+        """Hold ``name``: yields the grant (its nodes) and releases it with the measured
+        duration when the body ends."""
+        grant = self.acquire(name)
         start = time.perf_counter()
         try:
-            yield grant["nodes"]
+            yield grant
         finally:
-            busy_s = time.perf_counter() - start
-            self.request("POST", f"/v1/jobs/{job}/phases/{name}/release", json={"busy_s": busy_s})
+            self.release(grant, time.perf_counter() - start)
+
+    def report(self, metrics: dict[str, float], iteration: int | None = None) -> None:
+        """Metrics of an iteration (default: the last one trained)."""
+        at = max(0, self.iteration - 1) if iteration is None else iteration
+        self._post("progress", {"epoch": self.epoch, "iteration": at, "metrics": metrics})
+
+    def complete(self, error: str = "") -> None:
+        """The job ended: done, or failed with ``error``."""
+        self._post("complete", {"epoch": self.epoch, "error": error[:4000]})
+
+    def close(self) -> None:
+        self._heartbeat.stop()
+
+    def _post(self, action: str, body: dict[str, Any]) -> Any:
+        return self.client.request("POST", f"/v1/jobs/{self.job}/{action}", json=body)
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the session's lease every quarter lease until stopped or fenced out."""
+
+    def __init__(self, client: Client, job: str, epoch: int, lease_s: float):
+        super().__init__(name=f"rollmux-heartbeat-{job}", daemon=True)
+        self.client, self.job, self.epoch, self.period = client, job, epoch, lease_s / 4
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.period):
+            try:
+                self.client.request("POST", f"/v1/jobs/{self.job}/heartbeat", json={"epoch": self.epoch})
+            except StaleEpoch:
+                return
+            except ServiceError as error:
+                if error.status is not None:
+                    return
+
+    def stop(self) -> None:
+        self.halt.set()
+
+
+def _answer(response: httpx.Response) -> Any:
+    if response.status_code < 400:
+        return response.json()
+    detail = _problem(response)
+    if response.headers.get(ERROR_HEADER) == "StaleEpoch":
+        raise StaleEpoch(detail)
+    raise ServiceError(f"{response.status_code}: {detail}", response.status_code)
 
 
 def _problem(response: httpx.Response) -> str:

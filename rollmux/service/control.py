@@ -1,277 +1,529 @@
-"""The durable control plane: the core's ControlState, written through to the store.
+"""The one control plane: the core's state machine, made durable, waited on without
+threads, and carried out on Ray.
 
-Every accepted change happens under one lock: the core decides in memory, the store
-commits the whole change in one transaction, and only then is the change acknowledged.
-If the commit fails the in-memory change is undone, so memory and database never differ.
-A restart rebuilds the same state from the database.
+Every operation changes the core's :class:`ControlState` on the event loop (no locks: one
+thread mutates), drains the rows it changed into the journal and answers only once they
+are committed. Waiting for a turn is an ``asyncio`` event, not a thread, so a thousand
+waiting jobs cost nothing. Three background tasks keep the live system in line with the
+state: leases (lost sessions are revoked, managed jobs restarted), capacity (what Ray
+offers; queued jobs are admitted as it frees) and reconciliation (the executor provisions
+the nodes the state holds and starts the drivers of placed jobs).
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import logging
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
-from rollmux.core.cluster import Cluster
-from rollmux.core.control import ControlState, JobStatus
-from rollmux.core.errors import RollMuxError, UnknownJob
+from rollmux.core.control import (
+    CANCELLED,
+    DONE,
+    ENDED_STATES,
+    FAILED,
+    LIVE_STATES,
+    LOST,
+    PLACED,
+    RUNNING,
+    SESSION_STATES,
+    Capacity,
+    ControlState,
+    Grant,
+    Job,
+    JobRecord,
+    PhaseTiming,
+)
+from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
-from rollmux.service.store import LIVE_STATES, Store, StoredJob
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
+from rollmux.inputs.runfile import JobSubmission
+from rollmux.service.journal import Journal
+from rollmux.service.store import Store
 
-HOUR = 3600.0
-
-
-class JobExists(RollMuxError):
-    """A job of that name was already accepted (names are never reused)."""
+log = logging.getLogger("rollmux.control")
 
 
-class JobEnded(RollMuxError):
-    """The job is no longer running: it cannot be cancelled."""
+class Executor(Protocol):
+    """What carries the control plane's decisions out: nodes and job drivers (Ray)."""
+
+    async def capacity(self) -> Capacity | None:
+        """Nodes per pool the cluster offers now (None: unknown, keep the last)."""
+        ...
+
+    async def sync_nodes(self, nodes: dict[int, Pool]) -> None:
+        """Provision the nodes not provisioned yet, release those no longer held."""
+        ...
+
+    async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
+        """Return once these nodes are reserved and their workers are up."""
+        ...
+
+    async def start_driver(self, job: str, incarnation: int) -> None:
+        """Start the job's driver (stopping any older one of the same job)."""
+        ...
+
+    async def driver_alive(self, job: str, incarnation: int) -> bool: ...
+
+    async def stop_driver(self, job: str, incarnation: int) -> None:
+        """Stop the job's driver and drop its roles from every worker."""
+        ...
+
+    async def close(self) -> None: ...
 
 
-class NoCapacity(RollMuxError):
-    """The placement needs more nodes of a pool than the cluster offers."""
+class NoExecutor:
+    """The control plane without Ray: it places and grants, and every job runs itself."""
 
+    async def capacity(self) -> Capacity | None:
+        return None
 
-@dataclass(frozen=True)
-class Capacity:
-    """How many nodes of each pool the service may hold (None: unbounded)."""
+    async def sync_nodes(self, nodes: dict[int, Pool]) -> None:
+        return None
 
-    rollout: int | None = None
-    train: int | None = None
+    async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
+        return None
 
-    def allows(self, cluster: Cluster) -> Pool | None:
-        """The first pool whose limit the cluster exceeds, if any."""
-        for pool, limit in ((Pool.ROLLOUT, self.rollout), (Pool.TRAIN, self.train)):
-            if limit is not None and cluster.nodes(pool) > limit:
-                return pool
+    async def start_driver(self, job: str, incarnation: int) -> None:
+        raise RollMuxError("this control plane runs without Ray: it cannot start job drivers")
+
+    async def driver_alive(self, job: str, incarnation: int) -> bool:
+        return False
+
+    async def stop_driver(self, job: str, incarnation: int) -> None:
+        return None
+
+    async def close(self) -> None:
         return None
 
 
-class DurableControl:
+@dataclass(frozen=True)
+class ControlOptions:
+    policy: str = "rollmux"
+    planning: Planning = DEFAULT_PLANNING
+    cost: CostModel = field(default_factory=CostModel)
+    lease_s: float = 10.0
+    capacity: Capacity = field(default_factory=Capacity)
+    """Static capacity, used when the executor does not report one (no Ray)."""
+    checkpoint_dir: Path = Path("checkpoints")
+    capacity_poll_s: float = 5.0
+    runs_jobs: bool = False
+    """True when an executor can start drivers (managed jobs are accepted)."""
+
+
+class ControlPlane:
     def __init__(
         self,
         store: Store,
-        cost: CostModel | None = None,
-        planning: Planning = DEFAULT_PLANNING,
-        policy: str = "rollmux",
-        capacity: Capacity | None = None,
+        options: ControlOptions,
+        executor: Executor | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.store = store
-        self.capacity = capacity or Capacity()
+        self.options = options
+        self.executor = executor or NoExecutor()
         self.clock = clock
-        self.lock = threading.RLock()
-        self.turn_changed = threading.Condition(self.lock)
+        self.state = ControlState.restore(
+            store.load(),
+            options.cost,
+            options.planning,
+            make_policy(options.policy),
+            clock(),
+            options.lease_s,
+            options.capacity,
+        )
+        self.journal = Journal(store, self._fail_stop)
+        self.waiters: dict[str, asyncio.Event] = {}
+        self.last_metrics: dict[str, dict[str, float]] = {}
+        self.launched: dict[str, int] = {}
         self.accepted = 0
-        self._load(cost or CostModel(), planning, policy)
+        self.ready = False
+        self._changed: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
 
-    def _load(self, cost: CostModel, planning: Planning, policy: str) -> None:
-        """Take the state from the database, the truth after a start, a crash or a failed commit."""
-        self.state = ControlState(self.store.load_cluster(cost, planning), make_policy(policy))
-        self.names: set[str] = set()
-        for job in self.store.jobs():
-            self.names.add(job.name)
-            if job.state in LIVE_STATES:
-                self.state.status[job.name] = JobStatus(state=job.state)
+    # --- life ----------------------------------------------------------------------------
 
-    @property
-    def cluster(self) -> Cluster:
-        return self.state.cluster
+    async def start(self) -> None:
+        """Start writing, watching leases and capacity, and recover what the executor lost."""
+        self._changed = asyncio.Event()
+        self.journal.start(asyncio.get_running_loop())
+        capacity = await self.executor.capacity()
+        if capacity is not None:
+            self.state.set_capacity(capacity, self.clock())
+        await self._recover_drivers()
+        await self._persist()
+        self._tasks = [
+            asyncio.create_task(self._expire_forever(), name="leases"),
+            asyncio.create_task(self._reconcile_forever(), name="reconcile"),
+            asyncio.create_task(self._watch_capacity(), name="capacity"),
+        ]
+        self._changed.set()
+        self.ready = True
 
-    def submit(self, spec: JobSpec) -> dict[str, Any]:
-        """Place and persist a job; returns its view once the transaction has committed."""
-        with self.lock:
-            if spec.name in self.names:
-                raise JobExists(f"a job named {spec.name!r} was already submitted")
-            placement = self.state.submit(spec)
-            try:
-                over = self.capacity.allows(self.cluster)
-                if over is not None:
-                    raise NoCapacity(f"no free {over.value} node: the cluster offers {self._limit(over)}")
-                group = self.cluster.groups[placement.group_id]
-                self.store.record_placement(self.state.member(spec.name), group, self.cluster, self.clock())
-            except BaseException:
-                self.state.undo_submit(spec.name)
-                raise
-            self.names.add(spec.name)
-            self.accepted += 1
-        return self.job(spec.name)
+    async def stop(self) -> None:
+        self.ready = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.executor.close()
+        self.journal.stop()
 
-    def cancel(self, name: str) -> dict[str, Any]:
-        """Stop a live job: it leaves its group, unused nodes are released, all in one commit."""
-        return self._end(name, "cancelled")
+    def _fail_stop(self, error: BaseException) -> None:
+        """A commit failed: memory may be ahead of the database, so the process ends and a
+        restart rebuilds the committed state (nothing acknowledged is lost)."""
+        log.critical("store commit failed (%s): stopping so that a restart resumes from the database", error)
+        os._exit(70)
 
-    def complete(self, name: str) -> dict[str, Any]:
-        """The job finished its iterations: it leaves like a cancelled one, marked done."""
-        return self._end(name, "done")
+    # --- jobs ----------------------------------------------------------------------------
 
-    def activate(self, name: str) -> dict[str, Any]:
-        """The job's processes are ready: it joins its group's turn-taking."""
-        with self.turn_changed:
-            self._live(name)
-            if self.state.status[name].state != "running" or name not in self._active_jobs():
-                self.state.activate(name)
-                self.store.set_state(name, "running")
-            self.turn_changed.notify_all()
-        return self.job(name)
+    async def submit(self, jobs: list[JobSubmission]) -> tuple[list[dict[str, Any]], bool]:
+        """Accept jobs in one transaction (each placed now or queued). Resubmitting an
+        identical job answers with it; a different job under a used name is refused.
+        Returns the views and whether anything new was accepted."""
+        known = {job.name: await asyncio.to_thread(self.store.job, job.name) for job in jobs}
+        fresh = []
+        for job in jobs:
+            existing = self.state.jobs.get(job.name)
+            program = existing.program if existing else (known[job.name].job.program if known[job.name] else None)
+            if program is None:
+                fresh.append(job)
+            elif program != job.program():
+                raise JobExists(f"a job named {job.name!r} was already submitted with another spec")
+        for job in fresh:
+            self._refuse_unrunnable(job)
+            self.state.validate(job.spec())
+        now = self.clock()
+        for job in fresh:
+            self.state.submit(job.spec(), job.program(), now, job.priority, job.max_restarts)
+        self.accepted += len(fresh)
+        await self._persist()
+        return [await self.view(job.name) for job in jobs], bool(fresh)
 
-    def acquire(self, name: str, phase: str, wait_s: float) -> tuple[int, ...] | None:
-        """The nodes of ``phase`` once the group's round-robin grants it, or None if the
-        turn did not come within ``wait_s`` (the caller asks again)."""
-        with self.turn_changed:
-            self._live(name)
-            self.state.check_order(name, phase)
-            if not self.turn_changed.wait_for(lambda: self.state.may_start(name, phase), timeout=wait_s):
-                return None
-            return self.state.start(name, phase)
+    def _refuse_unrunnable(self, job: JobSubmission) -> None:
+        if job.managed and not self.options.runs_jobs:
+            raise RollMuxError(
+                f"job {job.name}: this control plane runs without Ray and cannot run a {job.kind} job; "
+                "submit it as kind 'external' and drive it through the API, or start `rollmux serve` with Ray"
+            )
 
-    def release(self, name: str, phase: str, busy_s: float) -> None:
-        """The phase is over: record it, hand its nodes to the next job in turn."""
-        with self.turn_changed:
-            self._live(name)
-            self.state.check_order(name, phase)
-            iteration = self.state.status[name].iteration
-            member = self.state.member(name)
-            nodes = member.rollout_nodes if phase == "rollout" else member.train_nodes
-            self.state.finish(name, phase, busy_s)
-            if phase == "train":
-                self.state.status[name].iteration = iteration + 1
-            self.store.record_phase(name, phase, iteration, nodes, busy_s, self.clock())
-            self.turn_changed.notify_all()
+    async def cancel(self, name: str) -> dict[str, Any]:
+        await self._live(name)
+        self.state.end(name, CANCELLED, self.clock(), "cancelled")
+        await self._persist()
+        return await self.view(name)
 
-    def phases(self, name: str) -> list[dict[str, Any]]:
-        if self.store.job(name) is None:
-            raise UnknownJob(f"no job named {name!r}")
-        return self.store.phases(name)
+    # --- sessions and phases ---------------------------------------------------------------
 
-    def _live(self, name: str) -> StoredJob:
-        stored = self.store.job(name)
-        if stored is None:
-            raise UnknownJob(f"no job named {name!r}")
-        if stored.state not in LIVE_STATES:
-            raise JobEnded(f"job {name!r} already ended ({stored.state})")
-        return stored
-
-    def _active_jobs(self) -> set[str]:
-        return {job for jobs in self.state.active.values() for job in jobs}
-
-    def _end(self, name: str, state: str) -> dict[str, Any]:
-        with self.turn_changed:
-            stored = self._live(name)
-            cost = self._cost_so_far(stored)
-            group_id = self.cluster.group_of(name).id
-            removal = self.state.complete(name, state)
-            gone = None if group_id in self.cluster.groups else group_id
-            try:
-                self.store.record_end(name, state, [n for n, _ in removal.released_nodes], gone, self.clock(), cost)
-            except BaseException:
-                self._load(self.cluster.cost, self.cluster.planning, self.state.policy.name)
-                raise
-            self.turn_changed.notify_all()
-        return self.job(name)
-
-    def job(self, name: str) -> dict[str, Any]:
-        stored = self.store.job(name)
-        if stored is None:
-            raise UnknownJob(f"no job named {name!r}")
-        return self._view(stored)
-
-    def jobs(self) -> list[dict[str, Any]]:
-        return [self._view(stored) for stored in self.store.jobs()]
-
-    def groups(self) -> list[dict[str, Any]]:
-        with self.lock:
-            out = []
-            for g in self.cluster.groups.values():
-                slow = g.slowdowns()
-                out.append(
-                    {
-                        "id": g.id,
-                        "rollout_nodes": list(g.rollout_nodes),
-                        "train_nodes": list(g.train_nodes),
-                        "cycle_s": g.schedule.cycle,
-                        "t1_s": g.schedule.t1,
-                        "t2_s": g.schedule.t2,
-                        "jobs": [
-                            {"name": m.job.name, "slowdown": slow[m.job.name], "slo": m.job.slo} for m in g.members
-                        ],
-                    }
-                )
-            return out
-
-    def nodes(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return [
-                {
-                    "id": node,
-                    "pool": pool.value,
-                    "group_id": g.id,
-                    "busy_fraction": g.schedule.busy_fraction(node),
-                    "price_per_hour": self.cluster.cost.price(pool),
-                }
-                for g in self.cluster.groups.values()
-                for node in (*g.rollout_nodes, *g.train_nodes)
-                for pool in (self.cluster.node_pool[node],)
-            ]
-
-    def summary(self) -> dict[str, Any]:
-        with self.lock:
-            busy = {pool: self.cluster.busy_node_fraction(pool) for pool in Pool}
-            total_busy = sum(b for b, _ in busy.values())
-            total_nodes = sum(n for _, n in busy.values())
-            states: dict[str, int] = {}
-            for status in self.state.status.values():
-                states[status.state] = states.get(status.state, 0) + 1
-            return {
-                "nodes": {pool.value: self.cluster.nodes(pool) for pool in Pool},
-                "groups": len(self.cluster.groups),
-                "jobs": states,
-                "cost_usd_per_hour": self.cluster.cost_per_hour(),
-                "busy_fraction": {pool.value: (b / n if n else 0.0) for pool, (b, n) in busy.items()},
-                "bubble_fraction": 1.0 - total_busy / total_nodes if total_nodes else 0.0,
-                "accepted_since_start": self.accepted,
-            }
-
-    def _view(self, stored: StoredJob) -> dict[str, Any]:
-        live = stored.state in LIVE_STATES
-        with self.lock:
-            slowdown = self._slowdown(stored.name) if live else None
-            status = self.state.status.get(stored.name)
-            cost = self._cost_so_far(stored) if live else stored.cost_usd
+    async def begin_session(self, name: str) -> dict[str, Any]:
+        """A new incarnation of the job: epoch, lease, seat, program and checkpoint path."""
+        await self._live(name)
+        job = self.state.begin_session(name, self.clock())
+        await self._persist()
+        seat = self.state.seat(name)
         return {
-            "name": stored.name,
-            "state": status.state if (live and status) else stored.state,
-            "group_id": stored.group_id,
-            "rollout_nodes": list(stored.rollout_nodes),
-            "train_nodes": list(stored.train_nodes),
-            "slo": stored.spec.slo,
-            "slowdown": slowdown,
-            "iterations": status.iteration if status else 0,
-            "cost_usd": cost,
-            "submitted_at": stored.submitted_at,
-            "ended_at": stored.ended_at,
+            "epoch": job.epoch,
+            "iteration": job.iteration,
+            "lease_s": self.options.lease_s,
+            "rollout_nodes": list(seat.rollout_nodes) if seat else [],
+            "train_nodes": list(seat.train_nodes) if seat else [],
+            "program": job.program,
+            "checkpoint": str(self.options.checkpoint_dir / f"{name}.pt"),
         }
 
-    def _slowdown(self, name: str) -> float | None:
-        """The job's planned slowdown, from its own group only (listing stays linear)."""
-        if name not in self.cluster.job_group:
-            return None
-        return self.cluster.group_of(name).slowdowns().get(name)
+    async def activate(self, name: str, epoch: int, iteration: int | None) -> dict[str, Any]:
+        await self._live(name)
+        self.state.activate(name, epoch, iteration, self.clock())
+        await self._persist()
+        return await self.view(name)
 
-    def _cost_so_far(self, stored: StoredJob) -> float:
-        """Estimate: time since submission × the job's equal share of its group's node price now."""
-        if stored.name not in self.cluster.job_group:
-            return stored.cost_usd
-        group = self.cluster.group_of(stored.name)
-        rate = sum(
-            self.cluster.cost.price(self.cluster.node_pool[n]) for n in (*group.rollout_nodes, *group.train_nodes)
-        )
-        return (self.clock() - stored.submitted_at) / HOUR * rate / len(group.members)
+    async def heartbeat(self, name: str, epoch: int) -> dict[str, Any]:
+        await self._live(name)
+        job = self.state.heartbeat(name, epoch, self.clock())
+        return {"epoch": job.epoch, "lease_until": job.lease_until}
 
-    def _limit(self, pool: Pool) -> str:
-        limit = self.capacity.rollout if pool is Pool.ROLLOUT else self.capacity.train
-        return f"{limit} {pool.value} node(s)"
+    async def acquire(self, name: str, phase: str, epoch: int, wait_s: float) -> Grant | None:
+        """The grant once the job's turn comes, or None after ``wait_s`` (ask again: the
+        grant, once made, stays the job's until it releases it or its lease expires)."""
+        await self._live(name)
+        grant = self.state.acquire(name, phase, epoch, self.clock())
+        await self._persist()
+        if grant is None and wait_s > 0:
+            waiter = self.waiters.setdefault(name, asyncio.Event())
+            try:
+                await asyncio.wait_for(waiter.wait(), timeout=min(wait_s, self.options.lease_s / 2))
+            except asyncio.TimeoutError:
+                pass
+            job = self.state.jobs.get(name)
+            held = job.grant if job is not None and job.epoch == epoch else None
+            grant = held if held is not None and held.phase == phase else None
+        if grant is not None:
+            await self.journal.barrier()
+        return grant
+
+    async def release(self, name: str, phase: str, epoch: int, token: int, timing: PhaseTiming) -> None:
+        await self._live(name)
+        self.state.release(name, phase, epoch, token, timing, self.clock())
+        await self._persist()
+
+    async def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float]) -> None:
+        await self._live(name)
+        self.state.report(name, epoch, iteration, metrics, self.clock())
+        self.last_metrics[name] = dict(metrics)
+        await self._persist()
+
+    async def complete(self, name: str, epoch: int, error: str) -> dict[str, Any]:
+        """The job's driver ends it: done, or failed with ``error``. Answered again if retried."""
+        if name in self.state.jobs:
+            self.state.end_session(name, epoch, FAILED if error else DONE, self.clock(), error)
+            await self._persist()
+        return await self.view(name)
+
+    # --- views ---------------------------------------------------------------------------
+
+    async def view(self, name: str) -> dict[str, Any]:
+        job = self.state.jobs.get(name)
+        if job is not None:
+            return self._live_view(job)
+        record = await asyncio.to_thread(self.store.job, name)
+        if record is None:
+            raise UnknownJob(f"no job named {name!r}")
+        return _record_view(record)
+
+    async def list_jobs(self, states: list[str], after: int, limit: int) -> dict[str, Any]:
+        page = await asyncio.to_thread(self.store.jobs, states, after, limit)
+        views = [
+            self._live_view(self.state.jobs[r.job.name]) if r.job.name in self.state.jobs else _record_view(r)
+            for r in page.records
+        ]
+        return {"jobs": views, "next_cursor": page.next_cursor}
+
+    def _live_view(self, job: Job) -> dict[str, Any]:
+        seat = self.state.seat(job.name)
+        group = self.state.cluster.group_of(job.name) if seat else None
+        return {
+            "name": job.name,
+            "state": job.state,
+            "reason": job.reason,
+            "kind": job.program.get("kind", "external"),
+            "priority": job.priority,
+            "group_id": group.id if group else None,
+            "rollout_nodes": list(seat.rollout_nodes) if seat else [],
+            "train_nodes": list(seat.train_nodes) if seat else [],
+            "slo": job.spec.slo,
+            "slowdown": group.slowdowns().get(job.name) if group else None,
+            "iterations": job.iteration,
+            "epoch": job.epoch,
+            "restarts": job.restarts,
+            "phase": job.grant.phase if job.grant else None,
+            "metrics": self.last_metrics.get(job.name),
+            "cost_usd": self.state.cost_so_far(job, self.clock()),
+            "submitted_at": job.submitted_at,
+            "ended_at": job.ended_at,
+        }
+
+    async def phase_log(self, name: str | None, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.phases, name, after, limit)
+
+    async def events(self, name: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.events, name)
+
+    async def metrics(self, name: str) -> list[dict[str, float]]:
+        return await asyncio.to_thread(self.store.metrics, name)
+
+    def groups(self) -> list[dict[str, Any]]:
+        cluster = self.state.cluster
+        out = []
+        for g in cluster.groups.values():
+            slow = g.slowdowns()
+            out.append(
+                {
+                    "id": g.id,
+                    "rollout_nodes": list(g.rollout_nodes),
+                    "train_nodes": list(g.train_nodes),
+                    "cycle_s": g.schedule.cycle,
+                    "t1_s": g.schedule.t1,
+                    "t2_s": g.schedule.t2,
+                    "jobs": [{"name": m.job.name, "slowdown": slow[m.job.name], "slo": m.job.slo} for m in g.members],
+                }
+            )
+        return out
+
+    def nodes(self) -> list[dict[str, Any]]:
+        cluster = self.state.cluster
+        out = []
+        for g in cluster.groups.values():
+            turns = self.state.turns.get(g.id)
+            for node in (*g.rollout_nodes, *g.train_nodes):
+                pool = cluster.node_pool[node]
+                out.append(
+                    {
+                        "id": node,
+                        "pool": pool.value,
+                        "group_id": g.id,
+                        "holder": turns.holder.get(node) if turns else None,
+                        "busy_fraction": g.schedule.busy_fraction(node),
+                        "price_per_hour": cluster.cost.price(pool),
+                    }
+                )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        cluster = self.state.cluster
+        busy = {pool: cluster.busy_node_fraction(pool) for pool in Pool}
+        total_busy = sum(b for b, _ in busy.values())
+        total_nodes = sum(n for _, n in busy.values())
+        states = dict.fromkeys(LIVE_STATES, 0)
+        for job in self.state.jobs.values():
+            states[job.state] += 1
+        capacity = self.state.capacity
+        return {
+            "nodes": {pool.value: cluster.nodes(pool) for pool in Pool},
+            "capacity": {pool.value: capacity.limit(pool) for pool in Pool},
+            "groups": len(cluster.groups),
+            "jobs": states,
+            "queued": len(self.state.queue),
+            "cost_usd_per_hour": cluster.cost_per_hour(),
+            "busy_fraction": {pool.value: (b / n if n else 0.0) for pool, (b, n) in busy.items()},
+            "bubble_fraction": 1.0 - total_busy / total_nodes if total_nodes else 0.0,
+            "accepted_since_start": self.accepted,
+            "commits_since_start": self.journal.commits,
+        }
+
+    # --- internals -----------------------------------------------------------------------
+
+    async def _live(self, name: str) -> None:
+        """Raise JobEnded for a job that ended, UnknownJob for one never submitted."""
+        if name in self.state.jobs:
+            return
+        record = await asyncio.to_thread(self.store.job, name)
+        if record is None:
+            raise UnknownJob(f"no job named {name!r}")
+        raise JobEnded(f"job {name!r} already ended ({record.job.state})")
+
+    async def _persist(self) -> None:
+        """Commit what changed; wake the jobs granted a turn once that is durable."""
+        delta = self.state.drain()
+        if not delta:
+            await self.journal.barrier()
+            return
+        waking = set(delta.wake)
+        for name, record in delta.jobs.items():
+            if record.job.state != RUNNING:
+                waking.add(name)
+            if record.job.state in ENDED_STATES:
+                self.last_metrics.pop(name, None)
+        await self.journal.submit(delta)
+        if (delta.jobs or delta.groups) and self._changed is not None:
+            self._changed.set()
+        for name in waking:
+            waiter = self.waiters.pop(name, None)
+            if waiter is not None:
+                waiter.set()
+
+    async def _expire_forever(self) -> None:
+        tick = min(0.25, self.options.lease_s / 10)
+        while True:
+            await asyncio.sleep(tick)
+            now = self.clock()
+            lost = self.state.expire(now)
+            for name in lost:
+                self._after_loss(name, now)
+            if lost:
+                await self._persist()
+
+    def _after_loss(self, name: str, now: float) -> None:
+        """A managed job is restarted (if it has restarts left); an external one waits for
+        its owner to begin a new session."""
+        job = self.state.jobs[name]
+        if job.program.get("kind", "external") != "external":
+            self.state.restart(name, now)
+
+    async def _recover_drivers(self) -> None:
+        """After a restart: managed jobs whose driver did not survive are lost at once
+        (not a lease later), and restarted without counting against their restarts."""
+        now = self.clock()
+        for job in list(self.state.jobs.values()):
+            if job.program.get("kind", "external") == "external" or job.state not in (*SESSION_STATES, LOST):
+                continue
+            if job.state != LOST and await self.executor.driver_alive(job.name, job.launch):
+                self.launched[job.name] = job.launch
+                continue
+            if job.state != LOST:
+                self.state.lose(job.name, now, "its driver did not survive the control plane's restart")
+            self.state.restart(job.name, now, counted=False)
+
+    async def _reconcile_forever(self) -> None:
+        assert self._changed is not None
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self._reconcile()
+            except Exception:
+                log.exception("reconciling with the executor failed; retrying")
+                await asyncio.sleep(1.0)
+                self._changed.set()
+
+    async def _reconcile(self) -> None:
+        """Provision the nodes the state holds, start drivers of placed managed jobs, stop
+        drivers of jobs that ended."""
+        await self.executor.sync_nodes(dict(self.state.cluster.node_pool))
+        for job in list(self.state.jobs.values()):
+            managed = job.program.get("kind", "external") != "external"
+            if managed and job.state == PLACED and self.launched.get(job.name) != job.launch:
+                self.launched[job.name] = job.launch
+                asyncio.create_task(self._launch(job.name, job.launch), name=f"launch-{job.name}")
+        for name in [n for n in self.launched if n not in self.state.jobs]:
+            await self.executor.stop_driver(name, self.launched.pop(name))
+
+    async def _launch(self, name: str, incarnation: int) -> None:
+        seat = self.state.seat(name)
+        if seat is None:
+            return
+        await self.executor.wait_nodes((*seat.rollout_nodes, *seat.train_nodes))
+        job = self.state.jobs.get(name)
+        if job is None or job.state != PLACED or job.launch != incarnation:
+            return
+        try:
+            await self.executor.start_driver(name, incarnation)
+        except Exception as error:  # noqa: BLE001 - any failure to start is the job's failure, reported
+            log.warning("driver of %s did not start: %s", name, error)
+            if name in self.state.jobs:
+                self.state.end(name, FAILED, self.clock(), f"driver did not start: {error}")
+                await self._persist()
+
+    async def _watch_capacity(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.capacity_poll_s)
+            capacity = await self.executor.capacity()
+            if capacity is not None and capacity != self.state.capacity:
+                self.state.set_capacity(capacity, self.clock())
+                await self._persist()
+
+
+def _record_view(record: JobRecord) -> dict[str, Any]:
+    job = record.job
+    return {
+        "name": job.name,
+        "state": job.state,
+        "reason": job.reason,
+        "kind": job.program.get("kind", "external"),
+        "priority": job.priority,
+        "group_id": record.group_id,
+        "rollout_nodes": list(record.rollout_nodes),
+        "train_nodes": list(record.train_nodes),
+        "slo": job.spec.slo,
+        "slowdown": None,
+        "iterations": job.iteration,
+        "epoch": job.epoch,
+        "restarts": job.restarts,
+        "phase": None,
+        "metrics": None,
+        "cost_usd": job.cost_usd,
+        "submitted_at": job.submitted_at,
+        "ended_at": job.ended_at,
+    }

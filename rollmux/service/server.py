@@ -1,26 +1,45 @@
-"""Start the service: token, store, control plane, optional Ray, HTTP server."""
+"""Start the control plane: token, store and its writer lock, Ray and the executor, HTTP.
+
+``rollmux serve`` runs a :class:`Service` in the foreground; ``rollmux run`` runs the same
+service embedded, in a background thread of its own process, with its state in the run's
+output folder. Either way there is one control plane per store (the writer lock) and one
+per Ray cluster (the registry).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
 
+from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import Pool
 from rollmux.service.api import create_app
 from rollmux.service.auth import ensure_token
-from rollmux.service.control import Capacity, DurableControl
+from rollmux.service.client import DEFAULT_PORT, DEFAULT_STATE_DIR
+from rollmux.service.control import ControlOptions, ControlPlane
+from rollmux.service.lock import WriterLock, acquire_writer_lock
 from rollmux.service.store import Store, default_url
 
-DEFAULT_STATE_DIR = Path.home() / ".rollmux"
-DEFAULT_PORT = 8765
+log = logging.getLogger("rollmux.service")
+
+
+class ClusterTaken(RollMuxError):
+    """The Ray cluster already has a control plane that answers."""
 
 
 @dataclass(frozen=True)
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
+    """0: any free port (an embedded service)."""
     state_dir: Path = DEFAULT_STATE_DIR
     db_url: str | None = None
     policy: str = "rollmux"
@@ -28,31 +47,127 @@ class ServeOptions:
     ray_address: str | None = None
     rollout_nodes: int = 64
     train_nodes: int = 64
+    lease_s: float = 10.0
+    host_memory_gb: float = 8.0
+    gpus_per_node: dict[Pool, float] = field(default_factory=dict)
+    advertise_url: str | None = None
+    """The URL job drivers use to reach the service (default: from host and port)."""
 
 
-def ray_capacity(options: ServeOptions) -> Capacity:
-    """Start or join Ray and read how many nodes of each pool it offers."""
-    import ray
+class Service:
+    """One control plane with its HTTP API, ready to serve on a bound socket."""
 
-    from rollmux.runtime.launch import start_ray
-    from rollmux.runtime.nodes import POOL_RESOURCE
+    def __init__(self, options: ServeOptions):
+        self.options = options
+        self.token = ensure_token(options.state_dir)
+        self.socket = _bind(options.host, options.port)
+        self.url = options.advertise_url or _url(options.host, self.socket.getsockname()[1])
+        self.lock: WriterLock | None = None
+        self.server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        try:
+            self.store = Store(options.db_url or default_url(options.state_dir))
+            self.lock = acquire_writer_lock(self.store.engine, self.url)
+            executor = self._ray_executor() if options.use_ray else None
+        except BaseException:
+            self.close()
+            raise
+        control_options = ControlOptions(
+            policy=options.policy,
+            lease_s=options.lease_s,
+            checkpoint_dir=options.state_dir / "checkpoints",
+            runs_jobs=executor is not None,
+        )
+        self.control = ControlPlane(self.store, control_options, executor)
+        self.app = create_app(self.control, self.token)
 
-    start_ray(options.ray_address, options.rollout_nodes, options.train_nodes)
-    offered = ray.cluster_resources()
-    return Capacity(
-        rollout=int(offered.get(POOL_RESOURCE[Pool.ROLLOUT], 0)),
-        train=int(offered.get(POOL_RESOURCE[Pool.TRAIN], 0)),
-    )
+    def _ray_executor(self):
+        """Start or join Ray, refuse a cluster that already has a control plane, register."""
+        from rollmux.runtime import registry
+        from rollmux.runtime.executor import RayExecutor
+        from rollmux.runtime.launch import start_ray
+
+        start_ray(self.options.ray_address, self.options.rollout_nodes, self.options.train_nodes)
+        other = registry.lookup()
+        if other is not None:
+            raise ClusterTaken(
+                f"this Ray cluster already has a RollMux control plane at {other['url']} "
+                f"(pid {other['pid']} on {other['host']}, state in {other['state']}): "
+                "submit to it (rollmux submit/run --url) instead of starting another"
+            )
+        executor = RayExecutor(int(self.options.host_memory_gb * 2**30), self.options.gpus_per_node)
+        executor.connect(self.url, self.token)
+        registry.register(
+            {
+                "url": self.url,
+                "token": self.token,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "state": str(self.options.db_url or self.options.state_dir),
+                "since": time.time(),
+            }
+        )
+        return executor
+
+    def run(self) -> None:
+        """Serve in the foreground until interrupted."""
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        try:
+            self.server.run(sockets=[self.socket])
+        finally:
+            self.close()
+
+    def start(self, timeout_s: float = 120.0) -> Service:
+        """Serve from a background thread; returns once the control plane is ready."""
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[self.socket])), name="rollmux-service", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.control.ready:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RollMuxError("the embedded control plane did not start (see the log above)")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self.close()
+
+    def close(self) -> None:
+        if self.options.use_ray:
+            from rollmux.runtime import registry
+
+            registry.unregister(self.url)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        self.socket.close()
 
 
-def build(options: ServeOptions) -> tuple[DurableControl, str]:
-    token = ensure_token(options.state_dir)
-    store = Store(options.db_url or default_url(options.state_dir))
-    capacity = ray_capacity(options) if options.use_ray else Capacity()
-    return DurableControl(store, policy=options.policy, capacity=capacity), token
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise RollMuxError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostbyname(socket.gethostname())
+    return f"http://{host}:{port}"
 
 
 def serve(options: ServeOptions) -> None:
-    control, token = build(options)
-    app = create_app(control, token)
-    uvicorn.run(app, host=options.host, port=options.port, log_level="warning")
+    Service(options).run()

@@ -1,43 +1,88 @@
-"""Durable state of the service through SQLAlchemy: SQLite (WAL) by default, any URL otherwise.
+"""Durable state of the control plane through SQLAlchemy: SQLite (WAL) by default, any URL
+otherwise.
 
-Every accepted change is written in one transaction that holds the whole change (the job,
-the group it joined or created, the nodes it added or released, the id counters), so after
-a crash the database holds either all of a placement or none of it.
+The control plane changes its state in memory and hands the store the rows that changed
+(:class:`rollmux.core.control.Delta`); :meth:`Store.apply` writes a batch of deltas in one
+transaction, in order, so the database always holds a prefix of the accepted changes and
+a change is acknowledged only once it is committed. Loading reads live jobs only, so a
+restart takes the same time whatever the finished history holds.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Text, create_engine, event, select
+from sqlalchemy import Float, Integer, String, Text, create_engine, delete, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from rollmux.core.cluster import Cluster, Group, Member
-from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
+from rollmux.core.control import (
+    LIVE_STATES,
+    Delta,
+    Grant,
+    GroupRecord,
+    Job,
+    JobRecord,
+    NodeRecord,
+    Snapshot,
+)
+from rollmux.core.errors import RollMuxError
+from rollmux.core.spec import JobSpec, Pool
 
-LIVE_STATES = ("placed", "running")
+SCHEMA_VERSION = 2
+
+
+class StoreError(RollMuxError):
+    """The database cannot be used by this version of RollMux."""
 
 
 class Base(DeclarativeBase):
     pass
 
 
+class MetaRow(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
 class JobRow(Base):
     __tablename__ = "jobs"
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True, index=True)
     spec: Mapped[str] = mapped_column(Text)
+    program: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_restarts: Mapped[int] = mapped_column(Integer, default=3)
     group_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     rollout_nodes: Mapped[str] = mapped_column(Text, default="[]")
     train_nodes: Mapped[str] = mapped_column(Text, default="[]")
+    colocated: Mapped[int] = mapped_column(Integer, default=0)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    iteration: Mapped[int] = mapped_column(Integer, default=0)
+    next_phase: Mapped[str] = mapped_column(String(16), default="rollout")
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    launch: Mapped[int] = mapped_column(Integer, default=0)
+    grant: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_token: Mapped[int] = mapped_column(Integer, default=0)
     submitted_at: Mapped[float] = mapped_column(Float)
+    placed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pool: Mapped[str] = mapped_column(String(16))
+    group_id: Mapped[int] = mapped_column(Integer, index=True)
+    due: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class GroupRow(Base):
@@ -45,24 +90,40 @@ class GroupRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
 
 
-class NodeRow(Base):
-    __tablename__ = "nodes"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    pool: Mapped[str] = mapped_column(String(16))
-    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id"))
-
-
 class PhaseRow(Base):
-    """One completed phase a job reported (phase events)."""
+    """One line of the phase log: a grant and how it ended (released or revoked)."""
 
     __tablename__ = "phases"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job: Mapped[str] = mapped_column(String(128), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    token: Mapped[int] = mapped_column(Integer)
     phase: Mapped[str] = mapped_column(String(16))
     iteration: Mapped[int] = mapped_column(Integer)
     nodes: Mapped[str] = mapped_column(Text)
-    busy_s: Mapped[float] = mapped_column(Float)
+    requested_at: Mapped[float] = mapped_column(Float)
+    granted_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float] = mapped_column(Float)
+    busy_s: Mapped[float] = mapped_column(Float)
+    wake_s: Mapped[float] = mapped_column(Float)
+    sleep_s: Mapped[float] = mapped_column(Float)
+    outcome: Mapped[str] = mapped_column(String(16))
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(String(128), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str] = mapped_column(Text)
+
+
+class MetricsRow(Base):
+    __tablename__ = "metrics"
+    job: Mapped[str] = mapped_column(String(128), primary_key=True)
+    iteration: Mapped[int] = mapped_column(Integer, primary_key=True)
+    values: Mapped[str] = mapped_column(Text)
 
 
 class CounterRow(Base):
@@ -72,16 +133,9 @@ class CounterRow(Base):
 
 
 @dataclass(frozen=True)
-class StoredJob:
-    name: str
-    spec: JobSpec
-    state: str
-    group_id: int | None
-    rollout_nodes: tuple[int, ...]
-    train_nodes: tuple[int, ...]
-    submitted_at: float
-    ended_at: float | None
-    cost_usd: float
+class JobPage:
+    records: list[JobRecord]
+    next_cursor: int | None
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
@@ -90,7 +144,6 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor = connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA busy_timeout=10000")
         cursor.close()
 
@@ -100,146 +153,232 @@ def default_url(state_dir: Path) -> str:
 
 
 class Store:
-    """Reads and writes the service's state; one method per kind of accepted change."""
+    """Reads and writes the control plane's rows."""
 
     def __init__(self, url: str):
-        self.engine = create_engine(url, future=True)
+        self.url = url
+        self.engine = create_engine(url)
         if self.engine.dialect.name == "sqlite":
             _sqlite_pragmas(self.engine)
+        self._check_schema()
         Base.metadata.create_all(self.engine)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        with self.sessions.begin() as session:
+            if session.get(MetaRow, "schema") is None:
+                session.add(MetaRow(key="schema", value=str(SCHEMA_VERSION)))
 
-    def load_cluster(self, cost: CostModel, planning: Planning) -> Cluster:
-        """The cluster exactly as the last committed transaction left it."""
+    def _check_schema(self) -> None:
+        """Refuse a database written by another version instead of misreading it."""
+        with self.engine.connect() as connection:
+            tables = set(self.engine.dialect.get_table_names(connection))
+            if not tables:
+                return
+            version = None
+            if "meta" in tables:
+                version = connection.exec_driver_sql("SELECT value FROM meta WHERE key = 'schema'").scalar()
+        if version != str(SCHEMA_VERSION):
+            raise StoreError(
+                f"{self.url}: written by another RollMux version (schema {version or 1}, this one reads "
+                f"{SCHEMA_VERSION}); move it away or use another --state-dir"
+            )
+
+    # --- writes ------------------------------------------------------------------------
+
+    def apply(self, deltas: Sequence[Delta]) -> None:
+        """Write a batch of deltas, in order, in one transaction."""
+        with self.sessions.begin() as session:
+            for delta in deltas:
+                _apply(session, delta)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def load(self) -> Snapshot:
+        """Live jobs, groups with their nodes, and counters: the state to restore."""
         with self.sessions() as session:
-            counters = {row.name: row.value for row in session.scalars(select(CounterRow))}
-            nodes = list(session.scalars(select(NodeRow).order_by(NodeRow.id)))
             live = session.scalars(select(JobRow).where(JobRow.state.in_(LIVE_STATES)).order_by(JobRow.seq))
-            members: dict[int, list[Member]] = {}
-            for row in live:
-                member = Member(
-                    JobSpec.from_dict(json.loads(row.spec)),
-                    tuple(json.loads(row.rollout_nodes)),
-                    tuple(json.loads(row.train_nodes)),
-                )
-                members.setdefault(row.group_id, []).append(member)
-            groups = []
-            for group_id in sorted(members):
-                mine = [n for n in nodes if n.group_id == group_id]
-                groups.append(
-                    (
-                        group_id,
-                        [n.id for n in mine if n.pool == Pool.ROLLOUT.value],
-                        [n.id for n in mine if n.pool == Pool.TRAIN.value],
-                        members[group_id],
-                    )
-                )
-            return Cluster.restore(
-                cost,
-                planning,
-                groups,
-                {n.id: Pool(n.pool) for n in nodes},
-                counters.get("next_node", 0),
-                counters.get("next_group", 0),
-            )
+            jobs = [_record(row) for row in live]
+            nodes: dict[int, list[NodeRecord]] = {}
+            for row in session.scalars(select(NodeRow).order_by(NodeRow.id)):
+                nodes.setdefault(row.group_id, []).append(NodeRecord(row.id, Pool(row.pool), row.due))
+            groups = [GroupRecord(g.id, tuple(nodes.get(g.id, ()))) for g in session.scalars(select(GroupRow))]
+            counters = {row.name: row.value for row in session.scalars(select(CounterRow))}
+        return Snapshot(jobs, groups, counters)
 
-    def record_placement(self, member: Member, group: Group, cluster: Cluster, now: float) -> None:
-        """One transaction: the job row, its group, the nodes it added, the counters."""
-        with self.sessions.begin() as session:
-            session.add(
-                JobRow(
-                    name=member.job.name,
-                    spec=json.dumps(member.job.to_dict()),
-                    state="placed",
-                    group_id=group.id,
-                    rollout_nodes=json.dumps(list(member.rollout_nodes)),
-                    train_nodes=json.dumps(list(member.train_nodes)),
-                    submitted_at=now,
-                )
-            )
-            if session.get(GroupRow, group.id) is None:
-                session.add(GroupRow(id=group.id))
-                session.flush()
-            for node in (*group.rollout_nodes, *group.train_nodes):
-                if session.get(NodeRow, node) is None:
-                    session.add(NodeRow(id=node, pool=cluster.node_pool[node].value, group_id=group.id))
-            self._save_counters(session, cluster)
-
-    def record_end(
-        self, job: str, state: str, released: Iterable[int], group_gone: int | None, now: float, cost_usd: float
-    ) -> None:
-        """One transaction: the job's final state, its released nodes and, if empty, its group."""
-        with self.sessions.begin() as session:
-            row = session.scalars(select(JobRow).where(JobRow.name == job)).one()
-            row.state, row.ended_at, row.cost_usd = state, now, cost_usd
-            for node in released:
-                session.delete(session.get(NodeRow, node))
-            session.flush()
-            if group_gone is not None:
-                session.delete(session.get(GroupRow, group_gone))
-
-    def set_state(self, job: str, state: str) -> None:
-        with self.sessions.begin() as session:
-            session.scalars(select(JobRow).where(JobRow.name == job)).one().state = state
-
-    def record_phase(
-        self, job: str, phase: str, iteration: int, nodes: Iterable[int], busy_s: float, now: float
-    ) -> None:
-        with self.sessions.begin() as session:
-            session.add(
-                PhaseRow(
-                    job=job,
-                    phase=phase,
-                    iteration=iteration,
-                    nodes=json.dumps(list(nodes)),
-                    busy_s=busy_s,
-                    ended_at=now,
-                )
-            )
-
-    def phases(self, job: str) -> list[dict]:
+    def job(self, name: str) -> JobRecord | None:
         with self.sessions() as session:
-            rows = session.scalars(select(PhaseRow).where(PhaseRow.job == job).order_by(PhaseRow.id))
+            row = session.scalars(select(JobRow).where(JobRow.name == name)).one_or_none()
+            return _record(row) if row else None
+
+    def jobs(self, states: Sequence[str] = (), after: int = -1, limit: int = 100) -> JobPage:
+        """Jobs in submission order after the cursor ``after``, optionally of some states."""
+        with self.sessions() as session:
+            query = select(JobRow).where(JobRow.seq > after)
+            if states:
+                query = query.where(JobRow.state.in_(states))
+            rows = list(session.scalars(query.order_by(JobRow.seq).limit(limit + 1)))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return JobPage([_record(r) for r in rows], rows[-1].seq if more else None)
+
+    def phases(self, job: str | None = None, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
+        """The phase log, of one job or of all, in the order phases ended (after id ``after``)."""
+        with self.sessions() as session:
+            query = select(PhaseRow).where(PhaseRow.id > after).order_by(PhaseRow.id)
+            if job is not None:
+                query = query.where(PhaseRow.job == job)
+            if limit is not None:
+                query = query.limit(limit)
             return [
                 {
+                    "id": r.id,
+                    "job": r.job,
+                    "epoch": r.epoch,
+                    "token": r.token,
                     "phase": r.phase,
                     "iteration": r.iteration,
                     "nodes": json.loads(r.nodes),
-                    "busy_s": r.busy_s,
+                    "requested_at": r.requested_at,
+                    "granted_at": r.granted_at,
                     "ended_at": r.ended_at,
+                    "busy_s": r.busy_s,
+                    "wake_s": r.wake_s,
+                    "sleep_s": r.sleep_s,
+                    "outcome": r.outcome,
                 }
-                for r in rows
+                for r in session.scalars(query)
             ]
 
-    def jobs(self) -> list[StoredJob]:
+    def events(self, job: str) -> list[dict[str, Any]]:
         with self.sessions() as session:
-            return [_stored(row) for row in session.scalars(select(JobRow).order_by(JobRow.seq))]
+            rows = session.scalars(select(EventRow).where(EventRow.job == job).order_by(EventRow.id))
+            return [{"at": r.at, "kind": r.kind, "detail": r.detail} for r in rows]
 
-    def job(self, name: str) -> StoredJob | None:
+    def metrics(self, job: str) -> list[dict[str, float]]:
         with self.sessions() as session:
-            row = session.scalars(select(JobRow).where(JobRow.name == name)).one_or_none()
-            return _stored(row) if row else None
-
-    @staticmethod
-    def _save_counters(session: Session, cluster: Cluster) -> None:
-        next_node, next_group = cluster.next_ids
-        for name, value in (("next_node", next_node), ("next_group", next_group)):
-            row = session.get(CounterRow, name)
-            if row is None:
-                session.add(CounterRow(name=name, value=value))
-            else:
-                row.value = value
+            rows = session.scalars(select(MetricsRow).where(MetricsRow.job == job).order_by(MetricsRow.iteration))
+            return [json.loads(r.values) for r in rows]
 
 
-def _stored(row: JobRow) -> StoredJob:
-    return StoredJob(
+def _apply(session: Session, delta: Delta) -> None:
+    for record in delta.jobs.values():
+        _upsert_job(session, record)
+    for group_id, group in delta.groups.items():
+        session.execute(delete(NodeRow).where(NodeRow.group_id == group_id))
+        if group is None:
+            session.execute(delete(GroupRow).where(GroupRow.id == group_id))
+            continue
+        if session.get(GroupRow, group_id) is None:
+            session.add(GroupRow(id=group_id))
+        for node in group.nodes:
+            session.add(NodeRow(id=node.id, pool=node.pool.value, group_id=group_id, due=node.due))
+    session.flush()
+    for name, value in delta.counters.items():
+        row = session.get(CounterRow, name)
+        if row is None:
+            session.add(CounterRow(name=name, value=value))
+        else:
+            row.value = value
+    for entry in delta.phases:
+        g = entry.grant
+        session.add(
+            PhaseRow(
+                job=g.job,
+                epoch=g.epoch,
+                token=g.token,
+                phase=g.phase,
+                iteration=g.iteration,
+                nodes=json.dumps(list(g.nodes)),
+                requested_at=g.requested_at,
+                granted_at=g.granted_at,
+                ended_at=entry.ended_at,
+                busy_s=entry.timing.busy_s,
+                wake_s=entry.timing.wake_s,
+                sleep_s=entry.timing.sleep_s,
+                outcome=entry.outcome,
+            )
+        )
+    for e in delta.events:
+        session.add(EventRow(job=e.job, at=e.at, kind=e.kind, detail=e.detail[:2000]))
+    for m in delta.metrics:
+        row = session.get(MetricsRow, (m.job, m.iteration))
+        if row is None:
+            session.add(MetricsRow(job=m.job, iteration=m.iteration, values=json.dumps(m.values)))
+        else:
+            row.values = json.dumps(m.values)
+    session.flush()
+
+
+def _upsert_job(session: Session, record: JobRecord) -> None:
+    job = record.job
+    row = session.get(JobRow, job.seq)
+    if row is None:
+        row = JobRow(seq=job.seq, name=job.name, submitted_at=job.submitted_at)
+        session.add(row)
+    row.spec = json.dumps(job.spec.to_dict())
+    row.program = json.dumps(job.program)
+    row.state, row.reason = job.state, job.reason[:2000]
+    row.priority, row.max_restarts = job.priority, job.max_restarts
+    row.group_id = record.group_id
+    row.rollout_nodes, row.train_nodes = json.dumps(list(record.rollout_nodes)), json.dumps(list(record.train_nodes))
+    row.colocated = int(record.colocated)
+    row.epoch, row.iteration, row.next_phase = job.epoch, job.iteration, job.next_phase
+    row.restarts, row.launch = job.restarts, job.launch
+    row.grant = json.dumps(_grant_dict(job.grant)) if job.grant else None
+    row.last_token = job.last_token
+    row.placed_at, row.ended_at, row.cost_usd = job.placed_at, job.ended_at, job.cost_usd
+
+
+def _grant_dict(grant: Grant) -> dict[str, Any]:
+    return {
+        "phase": grant.phase,
+        "nodes": list(grant.nodes),
+        "epoch": grant.epoch,
+        "token": grant.token,
+        "iteration": grant.iteration,
+        "requested_at": grant.requested_at,
+        "granted_at": grant.granted_at,
+    }
+
+
+def _record(row: JobRow) -> JobRecord:
+    grant = None
+    if row.grant:
+        g = json.loads(row.grant)
+        grant = Grant(
+            row.name,
+            g["phase"],
+            tuple(g["nodes"]),
+            g["epoch"],
+            g["token"],
+            g["iteration"],
+            g["requested_at"],
+            g["granted_at"],
+        )
+    job = Job(
         name=row.name,
+        seq=row.seq,
         spec=JobSpec.from_dict(json.loads(row.spec)),
-        state=row.state,
-        group_id=row.group_id,
-        rollout_nodes=tuple(json.loads(row.rollout_nodes)),
-        train_nodes=tuple(json.loads(row.train_nodes)),
+        program=json.loads(row.program),
         submitted_at=row.submitted_at,
+        priority=row.priority,
+        max_restarts=row.max_restarts,
+        state=row.state,
+        reason=row.reason,
+        epoch=row.epoch,
+        iteration=row.iteration,
+        next_phase=row.next_phase,
+        restarts=row.restarts,
+        launch=row.launch,
+        grant=grant,
+        last_token=row.last_token,
+        placed_at=row.placed_at,
         ended_at=row.ended_at,
         cost_usd=row.cost_usd,
+    )
+    return JobRecord(
+        job,
+        row.group_id,
+        tuple(json.loads(row.rollout_nodes)),
+        tuple(json.loads(row.train_nodes)),
+        bool(row.colocated),
     )
