@@ -42,19 +42,28 @@ class ServiceProcess:
     def start(self, timeout_s: float = 60.0) -> ServiceProcess:
         command = [sys.executable, "-m", "rollmux.cli.main", "serve", "--port", str(self.port)]
         command += ["--state-dir", str(self.state_dir), *self.extra]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"service exited: {self.process.stderr.read().decode()}")
+                raise RuntimeError(f"service exited: {self.errors()}")
             try:
-                if (self.state_dir / "token").exists():
-                    httpx.get(self.url + "/healthz", headers=self.auth, timeout=1).raise_for_status()
-                    return self
+                httpx.get(self.url + "/readyz", timeout=1).raise_for_status()
+                return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         raise TimeoutError("service did not come up")
+
+    @property
+    def log_path(self) -> Path:
+        """The service's stderr goes to a file (a pipe nobody reads would fill and block it)."""
+        return self.state_dir.parent / f"serve-{self.port}.log"
+
+    def errors(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""

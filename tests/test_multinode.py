@@ -1,19 +1,25 @@
 """A multi-node Ray cluster started in-process: workers land on nodes of their pool, a
-group's jobs share exactly their group's nodes, and Ray refuses a node twice."""
+group's jobs share exactly their group's nodes, and a job the cluster has no node for
+waits in the queue and runs once the blocking jobs finish."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from rollmux.core.spec import JobSpec, PhaseTime, Pool
-from rollmux.jobs.grpo import GRPOConfig, GRPOJob
-from rollmux.runtime.control import NAMESPACE, RuntimeConfig, control_actor
-from rollmux.runtime.launch import run_jobs
-from rollmux.runtime.nodes import POOL_RESOURCE
+from rollmux.core.spec import Pool
+from rollmux.inputs.runfile import RunFile
+from rollmux.jobs.grpo import GRPOJob
+from rollmux.runtime.launch import run_plan
+from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE
+from rollmux.runtime.session import Session
 
-SMALL = GRPOConfig(prompts_per_iteration=64, train_groups=32)
+SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
 
 
 @pytest.fixture(scope="module")
@@ -30,50 +36,49 @@ def cluster():
     cluster.shutdown()
 
 
-def pool_of_ray_node() -> dict[str, Pool]:
+def pool_of_ray_node() -> dict[str, str]:
     pools = {}
     for node in ray.nodes():
         for pool, resource in POOL_RESOURCE.items():
             if node["Resources"].get(resource):
-                pools[node["NodeID"]] = pool
+                pools[node["NodeID"]] = pool.value
     return pools
 
 
-def spec(name: str) -> JobSpec:
-    return JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=2.0)
+@dataclass(frozen=True)
+class SaysWhere(GRPOJob):
+    """Writes where each of its workers runs next to its checkpoint, then trains."""
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        where = {str(node): ray.get(worker.where.remote()) for node, worker in session.workers.items()}
+        Path(f"{self.checkpoint}.where.json").write_text(json.dumps(where))
+        return super().run(session)
 
 
-def test_workers_land_on_their_pool_and_a_group_shares_its_nodes(cluster):
-    control = control_actor(RuntimeConfig())
-    placements = [ray.get(control.submit.remote(spec(name))) for name in ("a", "b")]
-    a, b = placements
-    assert a.group_id == b.group_id
-    assert (a.rollout_nodes, a.train_nodes) == (b.rollout_nodes, b.train_nodes)
+def job(name: str, **fields) -> dict:
+    return {"name": name, "iterations": 3, "slo": 2.0, "args": SMALL, **fields}
+
+
+def test_workers_land_on_their_pool_and_a_queued_job_runs_when_nodes_free(cluster, tmp_path):
+    entry = "tests.test_multinode:SaysWhere.from_context"
+    # The loner needs its own group (an SLO of 1 forbids sharing) but the only rollout
+    # node is the group's: it waits until both jobs of the group are done.
+    loner = job("loner", entrypoint=entry, rollout_s=5.0, slo=1.0)
+    plan = RunFile.model_validate({"jobs": [job("a", entrypoint=entry), job("b", entrypoint=entry), loner]})
+    result = run_plan(plan, tmp_path, tick_s=0.2)
+    assert not result.errors and {v["state"] for v in result.views.values()} == {"done"}
+
     pools = pool_of_ray_node()
-    for placement in placements:
-        for node_id, worker in placement.workers.items():
-            where = ray.get(worker.where.remote())
-            expected = Pool.ROLLOUT if node_id in placement.rollout_nodes else Pool.TRAIN
-            assert where["pool"] == expected.value
-            assert pools[where["ray_node_id"]] is expected
-    ray.get(control.shutdown.remote())
-    ray.kill(control)
+    seats = {}
+    for name in ("a", "b", "loner"):
+        where = json.loads((tmp_path / "state" / "checkpoints" / f"{name}.pt.where.json").read_text())
+        for found in where.values():
+            assert pools[found["ray_node_id"]] == found["pool"]
+        seats[name] = {int(node): found["pool"] for node, found in where.items()}
+    assert seats["a"] == seats["b"]  # one group: one rollout node, one training node, shared
+    assert len({r.nodes for r in result.records if r.job in ("a", "b")}) == 2
 
-
-def test_a_group_runs_its_jobs_across_ray_nodes(cluster):
-    result = run_jobs([(spec("a"), GRPOJob(SMALL, 3)), (spec("b"), GRPOJob(SMALL, 3))])
-    assert not result.errors and set(result.histories) == {"a", "b"}
-    assert len({r.nodes for r in result.records}) == 2  # one rollout node, one training node, shared
-
-
-def test_ray_refuses_to_give_the_only_rollout_node_twice(cluster):
-    control = control_actor(RuntimeConfig(ready_timeout_s=3.0))
-    ray.get(control.submit.remote(spec("a")))
-    # Needs its own group (an SLO of 1 forbids sharing), but the only rollout node is reserved.
-    loner = JobSpec("c", PhaseTime.fixed(5.0), PhaseTime.fixed(1.0), slo=1.0)
-    with pytest.raises(ray.exceptions.RayTaskError, match="no free rollout node"):
-        ray.get(control.submit.remote(loner))
-    snapshot = ray.get(control.snapshot.remote())
-    assert list(snapshot["jobs"]) == ["a"] and snapshot["nodes"] == {"rollout": 1, "train": 1}
-    ray.get(control.shutdown.remote())
-    ray.kill(control)
+    first_of_loner = min(r.granted for r in result.records if r.job == "loner")
+    last_of_group = max(r.released for r in result.records if r.job in ("a", "b"))
+    assert first_of_loner >= last_of_group
+    assert result.views["loner"]["group_id"] != result.views["a"]["group_id"]

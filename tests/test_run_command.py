@@ -27,23 +27,33 @@ jobs:
 """
 
 
-def test_run_writes_trace_gantt_and_reward_curves(tmp_path):
+def test_run_writes_trace_gantt_and_reward_curves_and_a_second_run_reports_done(tmp_path):
     example = tmp_path / "run.yaml"
     example.write_text(TINY)
     out = tmp_path / "out"
     try:
         result = runner.invoke(app, ["run", str(example), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        trace = json.loads((out / "timeline.json").read_text())
+        slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] in ("rollout", "train")]
+        assert len(slices) == 2 * 2 * 3  # two jobs, two phases, three iterations, one node each
+        first = json.loads((out / "run.json").read_text())
+        assert [len(first["histories"][j]) for j in ("a", "b")] == [3, 3]
+        assert (out / "state" / "checkpoints" / "a.pt").exists() and (out / "state" / "checkpoints" / "b.pt").exists()
+        for picture in ("gantt.png", "rewards.png"):
+            assert (out / picture).read_bytes()[:4] == b"\x89PNG"
+
+        again = runner.invoke(app, ["run", str(example), "--out", str(out)])
+        assert again.exit_code == 0, again.output
+        second = json.loads((out / "run.json").read_text())
+        assert second["histories"] == first["histories"] and second["phase_log"] == first["phase_log"]
+        assert {j["state"] for j in second["jobs"].values()} == {"done"}
+
+        example.write_text(TINY.replace("iterations: 3", "iterations: 4", 1))
+        changed = runner.invoke(app, ["run", str(example), "--out", str(out)])
+        assert changed.exit_code == 2 and "already submitted with another spec" in changed.output
     finally:
         ray.shutdown()
-    assert result.exit_code == 0, result.output
-    trace = json.loads((out / "timeline.json").read_text())
-    slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] in ("rollout", "train")]
-    assert len(slices) == 2 * 2 * 3  # two jobs, two phases, three iterations, one node each
-    run = json.loads((out / "run.json").read_text())
-    assert [len(run["histories"][j]) for j in ("a", "b")] == [3, 3]
-    assert (out / "checkpoints" / "a.pt").exists() and (out / "checkpoints" / "b.pt").exists()
-    for picture in ("gantt.png", "rewards.png"):
-        assert (out / picture).read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize(

@@ -1,56 +1,66 @@
-"""The Ray runtime with real Ray and real torch: multiplexing, isolation of failures,
-on-policy weight sync, residency and capacity limits."""
+"""Real jobs on the one control plane, real Ray and real torch: multiplexing keeps results
+bit-identical, turns alternate, failures are reported with their cause, a crashed worker
+costs no completed step, and the workers fence out whoever no longer holds their node."""
 
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import pytest
 import ray
 
-from rollmux.core.spec import JobSpec, PhaseTime
-from rollmux.core.turns import PhaseRecord
+from rollmux.core.errors import StaleEpoch
+from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
-from rollmux.runtime.control import ControlPlane, RuntimeConfig
-from rollmux.runtime.launch import run_jobs, start_ray
+from rollmux.runtime.launch import RunResult, run_plan, start_ray
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
+from rollmux.service.client import ServiceError
 
 SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
 
 
-def spec(name: str, slo: float = 2.0, rollout_width: int = 1) -> JobSpec:
-    return JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=slo, rollout_width=rollout_width)
+def job(name: str, seed: int = 0, iterations: int = 4, entrypoint: str | None = None, **fields) -> dict:
+    spec = {"name": name, "iterations": iterations, "slo": fields.pop("slo", 3.0), **fields}
+    if entrypoint:
+        return {**spec, "entrypoint": entrypoint, "args": {"seed": seed, **SMALL}}
+    return {**spec, "grpo": {"seed": seed, **SMALL}}
 
 
-def grpo(seed: int, iterations: int = 4) -> GRPOJob:
-    return GRPOJob(GRPOConfig(seed=seed, **SMALL), iterations)
+def run(tmp_path: Path, *jobs: dict, **cluster) -> RunResult:
+    plan = RunFile.model_validate({"cluster": {"lease_s": 2.0, **cluster}, "jobs": list(jobs)})
+    return run_plan(plan, tmp_path / f"run-{time.monotonic_ns()}", tick_s=0.2)
+
+
+def losses_and_rewards(history: list[dict[str, float]]) -> list[tuple[float, float]]:
+    return [(m["loss"], m["reward"]) for m in history]
 
 
 @pytest.fixture(scope="module")
 def local_ray():
+    if ray.is_initialized():
+        ray.shutdown()
     start_ray(rollout_nodes=2, train_nodes=2)
     yield
     ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def alone_and_multiplexed(local_ray):
-    alone = run_jobs([(spec("a"), grpo(seed=0))])
-    together = run_jobs([(spec("a"), grpo(seed=0)), (spec("b"), grpo(seed=1))])
-    return alone, together
+def alone_and_multiplexed(local_ray, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runs")
+    return run(folder, job("a")), run(folder, job("a"), job("b", seed=1))
 
 
 def test_multiplexing_does_not_change_what_a_job_computes(alone_and_multiplexed):
     alone, together = alone_and_multiplexed
     assert not alone.errors and not together.errors
-    solo = [(m["loss"], m["reward"]) for m in alone.histories["a"]]
-    shared = [(m["loss"], m["reward"]) for m in together.histories["a"]]
-    assert len(solo) == 4 and solo == shared
+    solo = losses_and_rewards(alone.histories["a"])
+    assert len(solo) == 4 and solo == losses_and_rewards(together.histories["a"])
     assert together.histories["a"] != together.histories["b"]
 
 
@@ -66,9 +76,11 @@ def test_the_two_jobs_share_one_group_and_take_turns(alone_and_multiplexed):
     for spans in by_node.values():
         spans.sort()
         assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
-    for job in ("a", "b"):
-        phases = [r.phase for r in sorted(together.records, key=lambda r: r.started) if r.job == job]
+    for name in ("a", "b"):
+        phases = [r.phase for r in together.records if r.job == name]
         assert phases == ["rollout", "train"] * 4
+    assert {v["state"] for v in together.views.values()} == {"done"}
+    assert together.summary["nodes"] == {"rollout": 0, "train": 0}  # everything released
 
 
 def test_warm_switches_are_measured(alone_and_multiplexed):
@@ -89,13 +101,6 @@ class ForgetsWeightSync(GRPOJob):
         return []
 
 
-def test_rollout_refuses_stale_weights_in_the_runtime(local_ray):
-    result = run_jobs([(spec("forgetful"), ForgetsWeightSync(GRPOConfig(**SMALL), 3))])
-    assert "StaleWeights" in result.errors["forgetful"]
-    assert "needs weights version 1, holds 0" in result.errors["forgetful"]
-    assert result.snapshot["nodes"] == {"rollout": 0, "train": 0}
-
-
 @dataclass(frozen=True)
 class TrainsFirst(GRPOJob):
     """A faulty job loop that asks for training before any rollout."""
@@ -106,68 +111,28 @@ class TrainsFirst(GRPOJob):
         return []
 
 
-def test_a_phase_out_of_order_is_refused_at_once(local_ray):
-    result = run_jobs([(spec("eager"), TrainsFirst(GRPOConfig(**SMALL), 1))])
-    assert "PhaseOrderError" in result.errors["eager"]
+def test_failures_are_reported_with_their_cause_and_release_the_nodes(local_ray, tmp_path):
+    result = run(
+        tmp_path,
+        job("forgetful", iterations=3, entrypoint="tests.test_runtime:ForgetsWeightSync.from_context"),
+        job("eager", iterations=1, entrypoint="tests.test_runtime:TrainsFirst.from_context"),
+        job("missing", entrypoint="tests.no_such_module:Job"),
+    )
+    assert "StaleWeights" in result.errors["forgetful"]
+    assert "needs weights version 1, holds 0" in result.errors["forgetful"]
     assert "rollout phase comes first" in result.errors["eager"]
+    assert "cannot import tests.no_such_module" in result.errors["missing"]
+    assert result.summary["nodes"] == {"rollout": 0, "train": 0}
 
 
-def test_residency_limit_is_enforced_when_a_role_is_loaded(local_ray):
-    result = run_jobs([(spec("big"), grpo(seed=0))], RuntimeConfig(host_limit_bytes=10_000))
+def test_residency_limit_is_enforced_when_a_role_is_loaded(local_ray, tmp_path):
+    result = run(tmp_path, job("big"), host_memory_gb=1e-5)
     assert "ResidencyExceeded" in result.errors["big"]
-    assert result.snapshot["nodes"] == {"rollout": 0, "train": 0}
 
 
-def test_a_placement_ray_cannot_provide_is_rolled_back(local_ray):
-    config = RuntimeConfig(ready_timeout_s=2.0)
-    result = run_jobs([(spec("wide", rollout_width=3), grpo(seed=0))], config)
-    assert "no free rollout node" in result.errors["wide"]
-    assert result.snapshot["jobs"] == {} and result.snapshot["nodes"] == {"rollout": 0, "train": 0}
-
-
-def test_phase_api_outside_a_job_is_refused():
-    with pytest.raises(ValueError, match="unknown phase"):
-        phase("evaluate")
-    with pytest.raises(RuntimeError, match="no session"), phase("rollout"):
-        pass
-
-
-def test_worker_refuses_a_call_outside_the_phase():
-    worker = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
-    worker.load("a", lambda: GRPORollout(GRPOConfig(**SMALL)))
-    with pytest.raises(PhaseNotGranted):
-        worker.call("a", "generate", 0)
-    worker.wake("a")
-    assert worker.call("a", "generate", 0)["iteration"] == 0
-
-
-def test_phase_decorator_form_needs_a_session_too():
-    @phase("train")
-    def step() -> None:
-        raise AssertionError("must not run outside a job")
-
-    with pytest.raises(RuntimeError, match="no session"):
-        step()
-
-
-def test_measured_phases_feed_the_jobs_profile_in_the_core(local_ray):
-    control = ControlPlane(RuntimeConfig())
-
-    async def scenario() -> PhaseTime:
-        await control.submit(spec("a"))
-        await control.activate("a")
-        for phase_name, seconds in (("rollout", 0.25), ("train", 0.5)):
-            await control.acquire("a", phase_name)
-            now = time.time()
-            record = PhaseRecord("a", phase_name, 0, (0,), now, now, now, now + seconds, now + seconds, 0.0, 0.0)
-            await control.release(record)
-        profile = control.cluster.group_of("a").members[0].job
-        await control.complete("a")
-        await control.shutdown()
-        return profile.rollout, profile.train
-
-    rollout, train = asyncio.run(scenario())
-    assert rollout.mean == pytest.approx(0.25) and train.mean == pytest.approx(0.5)
+def test_a_job_wider_than_the_cluster_is_refused_before_anything_runs(local_ray, tmp_path):
+    with pytest.raises(ServiceError, match="needs 3 rollout node\\(s\\) at once; the cluster offers 2"):
+        run(tmp_path, job("wide", rollout_width=3))
 
 
 class CrashingTrainer(GRPOTrainer):
@@ -178,8 +143,9 @@ class CrashingTrainer(GRPOTrainer):
 
 
 @dataclass(frozen=True)
-class CrashesAfterCheckpoints(GRPOJob):
-    """Runs ``iterations`` checkpointed iterations, then kills its trainer's process."""
+class CrashesOnce(GRPOJob):
+    """Runs two checkpointed iterations, then kills its trainer's worker process in the
+    middle of iteration 2's training; restarted, it runs to the end."""
 
     def role_factory(self, phase_name: str):
         if phase_name == "train":
@@ -187,24 +153,97 @@ class CrashesAfterCheckpoints(GRPOJob):
         return super().role_factory(phase_name)
 
     def run(self, session: Session) -> list[dict[str, float]]:
-        history = super().run(session)
+        marker = Path(f"{self.checkpoint}.crashed")
+        if marker.exists():
+            return super().run(session)
+        GRPOJob(self.config, 2, self.checkpoint).run(session)
+        marker.touch()
         with phase("rollout"):
-            pass
+            session.call("rollout", "generate", 2)
         with phase("train"):
             session.call("train", "crash")
-        return history
-
-
-def losses_and_rewards(history: list[dict[str, float]]) -> list[tuple[float, float]]:
-    return [(m["loss"], m["reward"]) for m in history]
+        raise AssertionError("unreachable: the trainer's process died")
 
 
 def test_completed_steps_survive_a_crash_of_the_trainer_process(local_ray, tmp_path):
-    reference = run_jobs([(spec("ref"), grpo(seed=0, iterations=5))])
-    checkpoint = str(tmp_path / "job.pt")
-    crashed = run_jobs([(spec("job"), CrashesAfterCheckpoints(GRPOConfig(seed=0, **SMALL), 3, checkpoint))])
-    assert "job" in crashed.errors  # the trainer's process died
-    resumed = run_jobs([(spec("job"), GRPOJob(GRPOConfig(seed=0, **SMALL), 5, checkpoint))])
-    assert not resumed.errors
-    assert [r.iteration for r in resumed.records if r.phase == "train"] == [3, 4]  # only what was missing ran
-    assert losses_and_rewards(resumed.histories["job"]) == losses_and_rewards(reference.histories["ref"])
+    result = run(
+        tmp_path,
+        job("reference", iterations=5),
+        job("crashed", iterations=5, entrypoint="tests.test_runtime:CrashesOnce.from_context"),
+    )
+    assert not result.errors
+    crashed = result.views["crashed"]
+    assert (crashed["state"], crashed["restarts"]) == ("done", 1)
+    assert losses_and_rewards(result.histories["crashed"]) == losses_and_rewards(result.histories["reference"])
+    trained = [e["iteration"] for e in result.phase_log if e["job"] == "crashed" and e["phase"] == "train"]
+    assert trained == [0, 1, 2, 2, 3, 4]  # iteration 2 ran again (its first try was revoked), nothing else
+
+
+def worker() -> PoolWorker:
+    node = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
+    for name, seed in (("a", 0), ("b", 1)):
+        node.load(name, 1, lambda seed=seed: GRPORollout(GRPOConfig(seed=seed, **SMALL)))
+    return node
+
+
+def test_worker_refuses_a_call_outside_the_phase():
+    node = worker()
+    with pytest.raises(PhaseNotGranted):
+        node.call("a", 1, 1, "generate", 0)
+    node.wake("a", 1, 1)
+    assert node.call("a", 1, 1, "generate", 0)["iteration"] == 0
+
+
+def test_worker_fences_out_older_grants_and_epochs():
+    node = worker()
+    node.wake("a", 1, 5)
+    node.wake("b", 1, 6)  # b's newer grant: a's role is put back to sleep
+    assert node.awake == "b" and not node.roles["a"].state.awake
+    with pytest.raises((StaleEpoch, PhaseNotGranted)):
+        node.call("a", 1, 5, "generate", 0)
+    with pytest.raises(StaleEpoch, match="grant 5 of a is older than grant 6"):
+        node.wake("a", 1, 5)
+    node.load("a", 2, lambda: GRPORollout(GRPOConfig(**SMALL)))  # a restarted: epoch 2
+    with pytest.raises(StaleEpoch, match="a epoch 1 is stale"):
+        node.load("a", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
+    with pytest.raises(StaleEpoch):
+        node.wake("a", 1, 7)
+    node.wake("a", 2, 7)
+    assert node.call("a", 2, 7, "generate", 0)["iteration"] == 0
+
+
+class SlowRollout(GRPORollout):
+    def slow(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return time.monotonic()
+
+
+def test_a_zombie_call_finishes_before_the_next_holder_wakes():
+    node = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
+    node.load("zombie", 1, lambda: SlowRollout(GRPOConfig(**SMALL)))
+    node.load("next", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
+    node.wake("zombie", 1, 1)
+    finished: list[float] = []
+    call = threading.Thread(target=lambda: finished.append(node.call("zombie", 1, 1, "slow", 0.5)))
+    call.start()
+    time.sleep(0.1)
+    node.wake("next", 1, 2)
+    woke = time.monotonic()
+    call.join()
+    assert finished and finished[0] <= woke
+
+
+def test_phase_api_outside_a_job_is_refused():
+    with pytest.raises(ValueError, match="unknown phase"):
+        phase("evaluate")
+    with pytest.raises(RuntimeError, match="no session"), phase("rollout"):
+        pass
+
+
+def test_phase_decorator_form_needs_a_session_too():
+    @phase("train")
+    def step() -> None:
+        raise AssertionError("must not run outside a job")
+
+    with pytest.raises(RuntimeError, match="no session"):
+        step()

@@ -1,5 +1,6 @@
 """SIGKILL in the middle of a burst of submissions loses no acknowledged job and leaves no
-half-stored one; the restarted service carries on scheduling."""
+half-stored one; the restarted service carries on scheduling. One writer per store: a
+second control plane on the same state is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from tests.service_process import ServiceProcess
 
@@ -56,12 +58,13 @@ def burst(service: ServiceProcess) -> dict[str, dict]:
 def test_sigkill_mid_burst_loses_nothing_acknowledged(tmp_path):
     service = ServiceProcess(tmp_path / "state").start()
     acknowledged = burst(service)
+    assert service.process.returncode == -9
     assert KILL_AFTER_ACKS <= len(acknowledged) < BURST
 
     restarted = ServiceProcess(tmp_path / "state").start()
     try:
         get = lambda path: httpx.get(restarted.url + path, headers=restarted.auth, timeout=30).json()  # noqa: E731
-        jobs = {j["name"]: j for j in get("/v1/jobs")}
+        jobs = {j["name"]: j for j in get("/v1/jobs?limit=1000")["jobs"]}
         for name, ack in acknowledged.items():
             kept = jobs[name]
             placement = ("group_id", "rollout_nodes", "train_nodes", "state", "submitted_at")
@@ -90,3 +93,16 @@ def test_sigkill_mid_burst_loses_nothing_acknowledged(tmp_path):
         assert len(node_ids) == len(set(node_ids))
     finally:
         restarted.stop()
+
+
+def test_a_second_control_plane_on_the_same_state_is_refused(tmp_path):
+    first = ServiceProcess(tmp_path / "state").start()
+    try:
+        second = ServiceProcess(tmp_path / "state")
+        with pytest.raises(RuntimeError, match=rf"in use by another rollmux control plane: pid {first.process.pid} "):
+            second.start()
+        assert second.process.returncode == 2 and "Traceback" not in second.errors()
+        assert httpx.get(first.url + "/readyz").status_code == 200
+    finally:
+        first.stop()
+    ServiceProcess(tmp_path / "state").start().stop()  # the lock went with its holder

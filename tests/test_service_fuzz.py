@@ -15,7 +15,7 @@ from tests.service_process import ServiceProcess
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    process = ServiceProcess(tmp_path_factory.mktemp("fuzzed")).start()
+    process = ServiceProcess(tmp_path_factory.mktemp("fuzzed") / "state").start()
     yield process
     process.stop()
 

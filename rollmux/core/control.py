@@ -264,7 +264,7 @@ class ControlState:
 
     # --- sessions and turns ------------------------------------------------------------
 
-    def begin_session(self, name: str, now: float) -> Job:
+    def begin_session(self, name: str, now: float, driver: str = "") -> Job:
         """A new incarnation of the job (its driver started or restarted): the next epoch
         and a fresh lease. Whatever an older incarnation held is revoked."""
         job = self._live(name)
@@ -275,7 +275,7 @@ class ControlState:
         job.lease_until = now + self.lease_s
         job.reason = ""
         self._touch(job)
-        self._event(name, now, "session", f"epoch {job.epoch}")
+        self._event(name, now, "session", f"epoch {job.epoch} {driver}".strip())
         return job
 
     def activate(self, name: str, epoch: int, iteration: int | None, now: float) -> Job:
@@ -505,8 +505,10 @@ class ControlState:
         job = self._live(name)
         if epoch != job.epoch:
             raise StaleEpoch(f"job {name}: epoch {epoch} is stale, the job is at epoch {job.epoch}")
+        if job.state == LOST:
+            raise StaleEpoch(f"job {name}: session {epoch} is over ({job.reason}); begin a new one")
         if job.state not in SESSION_STATES:
-            raise StaleEpoch(f"job {name}: session {epoch} is over ({job.state}: {job.reason}); begin a new one")
+            raise PhaseOrderError(f"job {name} is not active ({job.state}): begin a session and activate it first")
         job.lease_until = now + self.lease_s
         return job
 
@@ -571,6 +573,7 @@ class ControlState:
 
     def _rebuild_turns(self, group: Group) -> None:
         """Turns of the group's running jobs in the core's FCFS cyclic order."""
+        self._touch_group(group.id)
         active = [m for m in group.members if self.jobs[m.job.name].state == RUNNING]
         if not active:
             self.turns.pop(group.id, None)

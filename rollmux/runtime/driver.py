@@ -56,6 +56,10 @@ class JobDriver:
             program.run(session)
         except StaleEpoch as fenced:
             return f"fenced: {fenced}"
+        except ray.exceptions.RayActorError as gone:
+            # A worker died: not the job's fault. Without heartbeats its lease expires and
+            # the control plane restarts it from its checkpoint on a fresh worker.
+            return f"lost: {gone}"
         except BaseException as failure:
             return _end(turns, _describe(failure))
         else:

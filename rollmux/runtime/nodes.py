@@ -70,10 +70,15 @@ class NodeProvisioner:
             if gpus:
                 bundle["GPU"] = gpus
             group = placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime="detached")
-        worker = (
+        self.nodes[node_id] = ProvisionedNode(node_id, pool, group, self._worker(node_id, pool, group))
+        return self.nodes[node_id]
+
+    def _worker(self, node_id: int, pool: Pool, group: PlacementGroup) -> ray.actor.ActorHandle:
+        """The node's worker inside its reservation (the live one of that name, if any)."""
+        return (
             ray.remote(PoolWorker)
             .options(
-                name=name,
+                name=node_name(node_id),
                 namespace=NAMESPACE,
                 lifetime="detached",
                 get_if_exists=True,
@@ -85,14 +90,18 @@ class NodeProvisioner:
             )
             .remote(node_id, pool.value, self.host_limit_bytes)
         )
-        self.nodes[node_id] = ProvisionedNode(node_id, pool, group, worker)
-        return self.nodes[node_id]
 
     async def ready(self, node_id: int) -> None:
-        """Wait until Ray has reserved the node and its worker answers."""
+        """Wait until Ray has reserved the node and its worker answers; a worker that died
+        is replaced by a fresh one in the same reservation (its jobs' roles are reloaded
+        from their checkpoints when they restart)."""
         node = self.nodes[node_id]
         await node.group.ready()
-        await node.worker.where.remote()
+        try:
+            await node.worker.where.remote()
+        except ray.exceptions.RayActorError:
+            node.worker = await asyncio.to_thread(self._worker, node_id, node.pool, node.group)
+            await node.worker.where.remote()
 
     async def wait_ready(self, node_id: int, timeout_s: float) -> bool:
         try:

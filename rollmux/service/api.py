@@ -102,6 +102,11 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class SessionBody(_Body):
+    pid: int = Field(ge=0, le=2**31, description="process id of the job's driver")
+    host: str = Field(max_length=255, description="host of the job's driver")
+
+
 class EpochBody(_Body):
     epoch: int = Field(ge=0, le=2**62, description="the session's epoch (fencing)")
 
@@ -291,7 +296,7 @@ def create_app(control: ControlPlane, token: str) -> Any:
     )
     registry = CollectorRegistry()
     registry.register(_Metrics(control))
-    base = {401: {"model": Problem}, 413: {"model": Problem}, 422: {"model": Problem}}
+    base = {400: {"model": Problem}, 401: {"model": Problem}, 413: {"model": Problem}, 422: {"model": Problem}}
     one = {**base, 404: {"model": Problem}, 409: {"model": Problem}}
 
     @app.exception_handler(RequestValidationError)
@@ -358,11 +363,11 @@ def create_app(control: ControlPlane, token: str) -> Any:
             return await control.cancel(name)
 
     @app.post("/v1/jobs/{name}/sessions", status_code=201, response_model=SessionView, responses=one)
-    async def begin_session(name: JobName) -> dict[str, Any]:
+    async def begin_session(name: JobName, body: SessionBody) -> dict[str, Any]:
         """A new incarnation of the job (its driver started): the next epoch and a lease.
         Whatever an older incarnation held is revoked."""
         with _errors_as_http():
-            return await control.begin_session(name)
+            return await control.begin_session(name, f"pid {body.pid} on {body.host}")
 
     @app.post("/v1/jobs/{name}/activate", response_model=JobView, responses=one)
     async def activate_job(name: JobName, body: ActivateBody) -> dict[str, Any]:

@@ -10,6 +10,7 @@ grant already released is answered, a repeated report replaces the same iteratio
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -100,7 +101,8 @@ class Client:
 
     def session(self, job: str) -> TurnSession:
         """Begin a new session (incarnation) of ``job``: a new epoch, heartbeats started."""
-        return TurnSession(self, job, self.request("POST", f"/v1/jobs/{job}/sessions"))
+        driver = {"pid": os.getpid(), "host": socket.gethostname()}
+        return TurnSession(self, job, self.request("POST", f"/v1/jobs/{job}/sessions", json=driver))
 
     @contextmanager
     def running(self, job: str, iteration: int | None = None) -> Iterator[TurnSession]:

@@ -218,10 +218,11 @@ class ControlPlane:
 
     # --- sessions and phases ---------------------------------------------------------------
 
-    async def begin_session(self, name: str) -> dict[str, Any]:
-        """A new incarnation of the job: epoch, lease, seat, program and checkpoint path."""
+    async def begin_session(self, name: str, driver: str) -> dict[str, Any]:
+        """A new incarnation of the job (its ``driver`` process, for the events): epoch,
+        lease, seat, program and checkpoint path."""
         await self._live(name)
-        job = self.state.begin_session(name, self.clock())
+        job = self.state.begin_session(name, self.clock(), driver)
         await self._persist()
         seat = self.state.seat(name)
         return {

@@ -78,6 +78,7 @@ class Service:
             checkpoint_dir=options.state_dir / "checkpoints",
             runs_jobs=executor is not None,
         )
+        control_options.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.control = ControlPlane(self.store, control_options, executor)
         self.app = create_app(self.control, self.token)
 

@@ -1,0 +1,304 @@
+"""The control plane's state machine: leases, fencing, idempotent grants, the admission
+queue, and a restore from the store that neither double-grants nor forgets a held turn."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rollmux.core.cluster import Cluster
+from rollmux.core.control import (
+    LOST,
+    PENDING,
+    PLACED,
+    RUNNING,
+    Capacity,
+    ControlState,
+    PhaseTiming,
+)
+from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch
+from rollmux.core.placement import make_policy
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime
+from rollmux.service.store import Store
+
+LEASE = 10.0
+
+
+def spec(name: str, slo: float = 3.0, rollout_width: int = 1) -> JobSpec:
+    return JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=slo, rollout_width=rollout_width)
+
+
+def control(policy: str = "rollmux", capacity: Capacity | None = None) -> ControlState:
+    return ControlState(Cluster(), make_policy(policy), LEASE, capacity)
+
+
+def running(state: ControlState, *names: str, now: float = 0.0) -> dict[str, int]:
+    """Submit, begin and activate jobs; their epochs."""
+    epochs = {}
+    for name in names:
+        state.submit(spec(name), {}, now)
+    for name in names:
+        epochs[name] = state.begin_session(name, now).epoch
+        state.activate(name, epochs[name], 0, now)
+    return epochs
+
+
+def test_grants_carry_the_epoch_and_a_growing_fencing_token():
+    state = control()
+    epochs = running(state, "a", "b")
+    first = state.acquire("a", "rollout", epochs["a"], 1.0)
+    assert first is not None and first.epoch == epochs["a"]
+    state.release("a", "rollout", epochs["a"], first.token, PhaseTiming(1.0), 2.0)
+    second = state.acquire("b", "rollout", epochs["b"], 2.0)
+    assert second is not None and second.token > first.token
+
+
+def test_asking_again_returns_the_grant_already_held():
+    state = control()
+    epochs = running(state, "a")
+    grant = state.acquire("a", "rollout", epochs["a"], 1.0)
+    assert state.acquire("a", "rollout", epochs["a"], 5.0) == grant
+
+
+def test_a_waiting_job_is_granted_when_its_turn_comes_and_woken_after_the_commit():
+    state = control()
+    epochs = running(state, "a", "b")
+    held = state.acquire("a", "rollout", epochs["a"], 1.0)
+    assert state.acquire("b", "rollout", epochs["b"], 1.0) is None
+    state.drain()
+    state.release("a", "rollout", epochs["a"], held.token, PhaseTiming(1.0), 2.0)
+    delta = state.drain()
+    assert delta.wake == {"b"} and delta.jobs["b"].job.grant is not None
+    assert delta.jobs["b"].job.grant.requested_at == 1.0 and delta.jobs["b"].job.grant.granted_at == 2.0
+
+
+def test_a_stale_epoch_is_refused_and_changes_nothing():
+    state = control()
+    epochs = running(state, "a")
+    grant = state.acquire("a", "rollout", epochs["a"], 1.0)
+    newer = state.begin_session("a", 2.0).epoch
+    state.drain()
+    for call in (
+        lambda: state.release("a", "rollout", epochs["a"], grant.token, PhaseTiming(), 3.0),
+        lambda: state.acquire("a", "rollout", epochs["a"], 3.0),
+        lambda: state.heartbeat("a", epochs["a"], 3.0),
+        lambda: state.end_session("a", epochs["a"], "done", 3.0),
+    ):
+        with pytest.raises(StaleEpoch):
+            call()
+    assert not state.drain()
+    assert newer == epochs["a"] + 1 and state.job("a").grant is None
+
+
+def test_a_retried_release_is_answered_without_a_change():
+    state = control()
+    epochs = running(state, "a")
+    grant = state.acquire("a", "rollout", epochs["a"], 1.0)
+    state.release("a", "rollout", epochs["a"], grant.token, PhaseTiming(1.0), 2.0)
+    state.drain()
+    state.release("a", "rollout", epochs["a"], grant.token, PhaseTiming(1.0), 3.0)
+    assert not state.drain()
+    with pytest.raises(PhaseOrderError):
+        state.release("a", "rollout", epochs["a"], grant.token + 7, PhaseTiming(1.0), 3.0)
+
+
+def test_an_expired_lease_revokes_the_grant_and_the_partner_takes_its_turn():
+    state = control()
+    epochs = running(state, "a", "b")
+    held = state.acquire("a", "rollout", epochs["a"], 1.0)
+    assert state.acquire("b", "rollout", epochs["b"], 1.0) is None
+    state.heartbeat("b", epochs["b"], 1.0 + LEASE)
+    assert state.expire(1.0 + LEASE - 0.1) == []
+    assert state.expire(1.0 + LEASE + 0.1) == ["a"]
+    assert state.job("a").state == LOST and state.job("a").grant is None
+    delta = state.drain()
+    assert [e.outcome for e in delta.phases] == ["revoked"] and delta.phases[0].grant == held
+    assert state.job("b").grant is not None and state.job("b").grant.nodes == held.nodes
+    with pytest.raises(StaleEpoch):
+        state.release("a", "rollout", epochs["a"], held.token, PhaseTiming(), 12.0)
+
+
+def test_a_lost_job_restarts_until_its_restarts_run_out():
+    state = control()
+    state.submit(spec("a"), {}, 0.0, max_restarts=1)
+    for attempt in range(2):
+        epoch = state.begin_session("a", 0.0).epoch
+        state.activate("a", epoch, None, 0.0)
+        state.expire(100.0 * (attempt + 1))
+        survived = state.restart("a", 100.0 * (attempt + 1))
+        assert survived == (attempt == 0)
+    state.drain()
+    assert "a" not in state.jobs
+
+
+def test_a_job_that_does_not_fit_waits_in_fifo_order_and_runs_when_capacity_frees():
+    state = control("solo", Capacity(rollout=1, train=1))
+    for name in ("a", "b", "c"):
+        state.submit(spec(name), {}, 0.0)
+    assert [state.job(n).state for n in "abc"] == [PLACED, PENDING, PENDING]
+    assert "waiting for 1 free rollout node(s): 1 of 1 are in use" in state.job("b").reason
+    state.end("a", "done", 5.0)
+    assert state.job("b").state == PLACED and state.job("c").state == PENDING
+
+
+def test_a_higher_priority_job_is_admitted_first():
+    state = control("solo", Capacity(rollout=1, train=1))
+    state.submit(spec("a"), {}, 0.0)
+    state.submit(spec("low"), {}, 1.0)
+    state.submit(spec("high"), {}, 2.0, priority=5)
+    state.end("a", "done", 3.0)
+    assert state.job("high").state == PLACED and state.job("low").state == PENDING
+
+
+def test_a_job_wider_than_the_cluster_is_refused_at_once():
+    state = control(capacity=Capacity(rollout=2, train=2))
+    with pytest.raises(NoCapacity, match="needs 3 rollout node"):
+        state.submit(spec("wide", rollout_width=3), {}, 0.0)
+    state.submit(spec("a"), {}, 0.0)
+    with pytest.raises(JobExists):
+        state.submit(spec("a"), {}, 0.0)
+
+
+def test_measured_phases_replace_the_estimates_in_the_core():
+    state = control()
+    epochs = running(state, "a")
+    for phase, busy in (("rollout", 0.25), ("train", 0.5)):
+        grant = state.acquire("a", phase, epochs["a"], 0.0)
+        state.release("a", phase, epochs["a"], grant.token, PhaseTiming(busy), 1.0)
+    seated = state.seat("a").job
+    assert seated.rollout.mean == pytest.approx(0.25) and seated.train.mean == pytest.approx(0.5)
+
+
+def persisted(state: ControlState, store: Store) -> None:
+    store.apply([state.drain()])
+
+
+def restored(store: Store, now: float, policy: str = "rollmux") -> ControlState:
+    return ControlState.restore(store.load(), CostModel(), DEFAULT_PLANNING, make_policy(policy), now, LEASE)
+
+
+def test_a_restart_keeps_the_held_grant_so_no_one_else_gets_the_node(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    state = control()
+    epochs = running(state, "a", "b")
+    held = state.acquire("a", "rollout", epochs["a"], 1.0)
+    persisted(state, store)
+    after = restored(store, now=50.0)
+    assert after.job("a").grant == held
+    assert after.acquire("b", "rollout", epochs["b"], 50.0) is None
+    after.release("a", "rollout", epochs["a"], held.token, PhaseTiming(1.0), 51.0)
+    assert after.job("b").grant is not None and after.job("b").grant.token > held.token
+    assert after.job("a").next_phase == "train" and after.job("a").lease_until == 51.0 + LEASE
+
+
+class Scenario(RuleBasedStateMachine):
+    """Random sessions, phases, lost leases, restarts, departures and control-plane crashes
+    on one group of three jobs; every change persisted as the service persists it."""
+
+    def __init__(self):
+        super().__init__()
+        self.folder = tempfile.TemporaryDirectory()
+        self.store = Store(f"sqlite:///{Path(self.folder.name) / 'state.db'}")
+        self.state = control()
+        self.now = 0.0
+        self.tokens: list[int] = []
+        for name in ("a", "b", "c"):
+            self.state.submit(spec(name), {}, self.now)
+        self.persist()
+
+    def teardown(self):
+        self.store.engine.dispose()
+        self.folder.cleanup()
+
+    def persist(self) -> None:
+        self.store.apply([self.state.drain()])
+
+    def live(self, state: str | tuple[str, ...]) -> list[str]:
+        wanted = (state,) if isinstance(state, str) else state
+        return sorted(n for n, j in self.state.jobs.items() if j.state in wanted)
+
+    @precondition(lambda self: self.live((PLACED, LOST)))
+    @rule(data=st.data())
+    def begin(self, data):
+        name = data.draw(st.sampled_from(self.live((PLACED, LOST))))
+        self.state.begin_session(name, self.now)
+        self.persist()
+
+    @precondition(lambda self: self.live("starting"))
+    @rule(data=st.data())
+    def activate(self, data):
+        name = data.draw(st.sampled_from(self.live("starting")))
+        self.state.activate(name, self.state.job(name).epoch, None, self.now)
+        self.persist()
+
+    @precondition(lambda self: self.live(RUNNING))
+    @rule(data=st.data())
+    def acquire(self, data):
+        name = data.draw(st.sampled_from(self.live(RUNNING)))
+        job = self.state.job(name)
+        grant = self.state.acquire(name, job.next_phase if job.grant is None else job.grant.phase, job.epoch, self.now)
+        if grant is not None and grant.token not in self.tokens:
+            self.tokens.append(grant.token)
+        self.persist()
+
+    @precondition(lambda self: any(j.grant for j in self.state.jobs.values()))
+    @rule(data=st.data(), busy=st.floats(0.1, 3.0))
+    def release(self, data, busy):
+        name = data.draw(st.sampled_from(sorted(n for n, j in self.state.jobs.items() if j.grant)))
+        job = self.state.job(name)
+        self.now += busy
+        self.state.release(name, job.grant.phase, job.epoch, job.grant.token, PhaseTiming(busy), self.now)
+        self.tokens += [j.grant.token for j in self.state.jobs.values() if j.grant and j.grant.token not in self.tokens]
+        self.persist()
+
+    @rule(elapsed=st.floats(0.0, 2 * LEASE))
+    def time_passes(self, elapsed):
+        self.now += elapsed
+        for name in self.live(RUNNING):
+            if elapsed < LEASE / 2:
+                self.state.heartbeat(name, self.state.job(name).epoch, self.now)
+        for name in self.state.expire(self.now):
+            self.state.restart(name, self.now)
+        self.tokens += [j.grant.token for j in self.state.jobs.values() if j.grant and j.grant.token not in self.tokens]
+        self.persist()
+
+    @precondition(lambda self: len(self.state.jobs) > 1)
+    @rule(data=st.data())
+    def depart(self, data):
+        self.state.end(data.draw(st.sampled_from(sorted(self.state.jobs))), "done", self.now)
+        self.persist()
+
+    @rule()
+    def crash_and_restore(self):
+        before = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration) for n, j in self.state.jobs.items()}
+        dues = {g: {n: t.due(n) for n in t.sequence} for g, t in self.state.turns.items()}
+        self.state = restored(self.store, self.now)
+        after = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration) for n, j in self.state.jobs.items()}
+        assert after == before
+        assert {g: {n: t.due(n) for n in t.sequence} for g, t in self.state.turns.items()} == dues
+
+    @invariant()
+    def one_job_per_node(self):
+        held: dict[int, str] = {}
+        for name, job in self.state.jobs.items():
+            if job.grant is None:
+                continue
+            assert job.state == RUNNING
+            for node in job.grant.nodes:
+                assert node not in held, f"node {node} granted to {held[node]} and {name}"
+                held[node] = name
+        for turns in self.state.turns.values():
+            assert turns.holder == {n: j for n, j in held.items() if n in turns.sequence}
+
+    @invariant()
+    def tokens_only_grow(self):
+        assert self.tokens == sorted(set(self.tokens))
+
+
+Scenario.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_random_scenarios_never_double_grant_and_survive_a_restart = Scenario.TestCase

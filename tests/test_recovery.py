@@ -1,0 +1,108 @@
+"""Jobs run by a real ``rollmux serve`` on Ray survive their driver's death and the
+control plane's: a killed driver loses its grant within its lease, its partners go on, and
+it resumes from its checkpoint; a killed control plane restarts every job from where it
+was, charging none of them a restart. Losses and rewards stay those of an undisturbed run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from rollmux.service.client import Client
+from tests.service_process import ServiceProcess
+
+LEASE_S = 3.0
+SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
+ITERATIONS = 8
+
+
+@pytest.fixture()
+def service(tmp_path):
+    extra = ("--rollout-nodes", "1", "--train-nodes", "1", "--lease-s", str(LEASE_S))
+    process = ServiceProcess(tmp_path / "state", extra=extra).start(timeout_s=120)
+    yield process
+    process.stop()
+
+
+def submit_group(api: Client) -> None:
+    """Three jobs on one rollout and one training node; ``ref`` is ``a``'s twin."""
+    jobs = [
+        {"name": name, "kind": "grpo", "iterations": ITERATIONS, "slo": 3.0, "grpo": {"seed": seed, **SMALL}}
+        for name, seed in (("a", 0), ("b", 1), ("ref", 0))
+    ]
+    api.request("POST", "/v1/plans", json={"jobs": jobs})
+
+
+def wait_until(condition, timeout_s: float = 240.0, every_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise TimeoutError("condition not reached")
+
+
+def all_ended(api: Client) -> dict[str, dict]:
+    views = {n: api.request("GET", f"/v1/jobs/{n}") for n in ("a", "b", "ref")}
+    return views if all(v["state"] in ("done", "failed") for v in views.values()) else {}
+
+
+def losses(api: Client, name: str) -> list[tuple[float, float]]:
+    return [(m["loss"], m["reward"]) for m in api.request("GET", f"/v1/jobs/{name}/metrics")]
+
+
+def no_node_runs_two_jobs(log: list[dict]) -> None:
+    by_node: dict[int, list] = {}
+    for e in log:
+        for node in e["nodes"]:
+            by_node.setdefault(node, []).append((e["granted_at"], e["ended_at"], e["job"]))
+    for spans in by_node.values():
+        spans.sort()
+        for earlier, later in zip(spans, spans[1:], strict=False):
+            assert later[0] >= earlier[1] - 1e-6, (earlier, later)
+
+
+def test_a_killed_driver_holding_a_grant_loses_it_within_its_lease_and_resumes(service):
+    api = Client(service.url, service.token)
+    submit_group(api)
+    held = wait_until(lambda: (v := api.request("GET", "/v1/jobs/a"))["phase"] and v["iterations"] >= 2 and v)
+    session = [e for e in api.request("GET", "/v1/jobs/a/events") if e["kind"] == "session"][-1]
+    os.kill(int(re.search(r"pid (\d+)", session["detail"]).group(1)), signal.SIGKILL)
+    killed = time.time()
+
+    views = wait_until(lambda: all_ended(api))
+    assert {v["state"] for v in views.values()} == {"done"}
+    assert views["a"]["restarts"] == 1 and views["b"]["restarts"] == 0
+    log = api.phase_log()
+    revoked = [e for e in log if e["outcome"] == "revoked"]
+    assert [(e["job"], e["phase"]) for e in revoked] == [("a", held["phase"])]
+    node = revoked[0]["nodes"][0]
+    partner = min(e["granted_at"] for e in log if e["job"] != "a" and node in e["nodes"] and e["granted_at"] > killed)
+    assert partner - killed <= LEASE_S + 2.0
+    resumed = [e for e in api.request("GET", "/v1/jobs/a/events") if e["kind"] == "running"][-1]
+    assert f"from iteration {held['iterations']}" in resumed["detail"]
+    assert losses(api, "a") == losses(api, "ref") and len(losses(api, "a")) == ITERATIONS
+    no_node_runs_two_jobs(log)
+
+
+def test_a_killed_control_plane_restarts_every_job_where_it_was(service):
+    api = Client(service.url, service.token)
+    submit_group(api)
+    wait_until(lambda: (v := api.request("GET", "/v1/jobs/a"))["phase"] and v["iterations"] >= 2)
+    service.kill()  # its local Ray, workers and drivers die with it
+    service.start(timeout_s=120)
+
+    views = wait_until(lambda: all_ended(api))
+    assert {v["state"] for v in views.values()} == {"done"}
+    assert {v["restarts"] for v in views.values()} == {0}  # not the jobs' fault
+    assert losses(api, "a") == losses(api, "ref") and len(losses(api, "b")) == ITERATIONS
+    log = api.phase_log()
+    no_node_runs_two_jobs(log)
+    for name in ("a", "b", "ref"):
+        trained = sorted({e["iteration"] for e in log if e["job"] == name and e["outcome"] == "released"})
+        assert trained == list(range(ITERATIONS))
