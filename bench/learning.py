@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 from pathlib import Path
 
-from rollmux.core.spec import JobSpec, PhaseTime
-from rollmux.jobs.grpo import GRPOConfig, GRPOJob
+from rollmux.inputs.runfile import RunFile
 from rollmux.report.timeline import reward_curves
-from rollmux.runtime.launch import run_jobs, start_ray
+from rollmux.runtime.launch import run_plan, start_ray
 
 WINDOW = 5
 
@@ -27,9 +27,10 @@ def main() -> None:
     parser.add_argument("--picture", type=Path, default=Path("out/learning-rewards.png"))
     args = parser.parse_args()
     start_ray(rollout_nodes=1, train_nodes=1)
-    config = GRPOConfig(seed=0, prompts_per_iteration=768, train_groups=256, threads=1)
-    spec = JobSpec("grpo", PhaseTime.fixed(0.3), PhaseTime.fixed(0.3), slo=1.5)
-    result = run_jobs([(spec, GRPOJob(config, args.iterations))])
+    config = {"seed": 0, "prompts_per_iteration": 768, "train_groups": 256, "threads": 1}
+    job = {"name": "grpo", "iterations": args.iterations, "rollout_s": 0.3, "train_s": 0.3, "slo": 1.5, "grpo": config}
+    with tempfile.TemporaryDirectory() as folder:
+        result = run_plan(RunFile.model_validate({"jobs": [job]}), Path(folder))
     history = result.histories["grpo"]
     rewards = [m["reward"] for m in history]
     start = statistics.fmean(rewards[:WINDOW])

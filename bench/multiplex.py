@@ -10,23 +10,29 @@ so process start-up and cold loading are left out of both sides alike. The last 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
+import tempfile
+from pathlib import Path
 
-from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.core.turns import PhaseRecord
-from rollmux.jobs.grpo import GRPOConfig, GRPOJob
-from rollmux.runtime.launch import run_jobs, start_ray
+from rollmux.inputs.runfile import RunFile
+from rollmux.jobs.grpo import GRPOConfig
+from rollmux.runtime.launch import RunResult, run_plan, start_ray
 
 
-def jobs(iterations: int) -> list[tuple[JobSpec, GRPOJob]]:
+def jobs(iterations: int) -> list[dict]:
     # Equal planning estimates and an SLO of 2 let the core pack both jobs into one group.
     return [
-        (
-            JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=2.0),
-            GRPOJob(GRPOConfig.benchmark(seed), iterations),
-        )
+        {"name": name, "iterations": iterations, "slo": 2.0, "grpo": dataclasses.asdict(GRPOConfig.benchmark(seed))}
         for seed, name in enumerate(["job-a", "job-b"])
     ]
+
+
+def run_jobs(specs: list[dict]) -> RunResult:
+    """The jobs on a fresh embedded control plane (its own state folder)."""
+    with tempfile.TemporaryDirectory() as folder:
+        return run_plan(RunFile.model_validate({"jobs": specs}), Path(folder))
 
 
 def train_ends(records: list[PhaseRecord], job: str) -> list[float]:
@@ -37,9 +43,9 @@ def sequential_rate(iterations: int) -> tuple[float, list[PhaseRecord]]:
     done = 0
     span = 0.0
     records: list[PhaseRecord] = []
-    for spec, program in jobs(iterations):
-        result = run_jobs([(spec, program)])
-        ends = train_ends(result.records, spec.name)
+    for spec in jobs(iterations):
+        result = run_jobs([spec])
+        ends = train_ends(result.records, spec["name"])
         done += len(ends) - 1
         span += ends[-1] - ends[0]
         records += result.records

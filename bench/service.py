@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        service = ServiceProcess(Path(folder)).start()
+        service = ServiceProcess(Path(folder) / "state").start()
         try:
             with httpx.Client(headers=service.auth, timeout=60) as client:
 

@@ -56,7 +56,8 @@ class SaysWhere(GRPOJob):
 
 
 def job(name: str, **fields) -> dict:
-    return {"name": name, "iterations": 3, "slo": 2.0, "args": SMALL, **fields}
+    settings = {"args": SMALL} if "entrypoint" in fields else {"grpo": SMALL}
+    return {"name": name, "iterations": 3, "slo": 2.0, **settings, **fields}
 
 
 def test_workers_land_on_their_pool_and_a_queued_job_runs_when_nodes_free(cluster, tmp_path):
@@ -82,3 +83,18 @@ def test_workers_land_on_their_pool_and_a_queued_job_runs_when_nodes_free(cluste
     last_of_group = max(r.released for r in result.records if r.job in ("a", "b"))
     assert first_of_loner >= last_of_group
     assert result.views["loner"]["group_id"] != result.views["a"]["group_id"]
+
+
+def test_a_run_on_a_cluster_that_has_a_control_plane_joins_it(cluster, tmp_path):
+    from rollmux.service.server import ClusterTaken, ServeOptions, Service
+
+    service = Service(ServeOptions(port=0, state_dir=tmp_path / "served")).start()
+    try:
+        with pytest.raises(ClusterTaken, match=f"already has a RollMux control plane at {service.url}"):
+            Service(ServeOptions(port=0, state_dir=tmp_path / "another"))
+        plan = RunFile.model_validate({"jobs": [job("joined", iterations=2)]})
+        result = run_plan(plan, tmp_path / "run", tick_s=0.2)
+        assert result.url == service.url and result.views["joined"]["state"] == "done"
+        assert not (tmp_path / "run" / "state").exists()  # nothing embedded: the cluster's plane ran it
+    finally:
+        service.stop()

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -22,13 +22,12 @@ from rich.table import Table
 from rollmux.core.cluster import Cluster
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
-from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, Planning, Pool
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
-from rollmux.report.plots import cost_rate_plot
-from rollmux.sim.compare import Comparison, compare
-from rollmux.sim.simulator import Realisation, with_rollout_cv
+
+if TYPE_CHECKING:  # the simulator and the plots load scipy and matplotlib: only `simulate` needs them
+    from rollmux.sim.compare import Comparison
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 WIDE = 160
@@ -94,6 +93,11 @@ def simulate(
     plot: Annotated[Path | None, typer.Option(help="PNG of cost rate over time (default: next to --json)")] = None,
 ) -> None:
     """Replay a trace under several placement policies and compare cost, efficiency and SLOs."""
+    from rollmux.core.regroup import RegroupConfig
+    from rollmux.report.plots import cost_rate_plot
+    from rollmux.sim.compare import compare
+    from rollmux.sim.simulator import Realisation, with_rollout_cv
+
     names = _policy_names(policies)
     loaded = _load_trace(trace, profile, slo_uniform, seed)
     realise = None

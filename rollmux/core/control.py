@@ -35,6 +35,9 @@ ENDED_STATES = (DONE, FAILED, CANCELLED)
 SESSION_STATES = (STARTING, RUNNING)
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
+PROFILE_TOLERANCE = 0.05
+"""A re-estimated profile replaces the planned one only when its mean or high quantile
+moved by more than this share."""
 HOUR = 3600.0
 
 
@@ -594,7 +597,10 @@ class ControlState:
         times = [self.measured.get((job.name, p), []) for p in (ROLLOUT, TRAIN)]
         if phase != TRAIN or not all(times):
             return
-        self.cluster.update_phase_times(job.name, _profile(times[0]), _profile(times[1]))
+        rollout, train = _profile(times[0]), _profile(times[1])
+        if _close(rollout, job.spec.rollout) and _close(train, job.spec.train):
+            return  # rescheduling a group costs its steady state: only for a real change
+        self.cluster.update_phase_times(job.name, rollout, train)
         job.spec = self.seat(job.name).job
 
     def _touch(self, job: Job) -> None:
@@ -627,6 +633,15 @@ class ControlState:
             for node in (*group.rollout_nodes, *group.train_nodes)
         )
         return GroupRecord(group_id, nodes)
+
+
+def _close(measured: PhaseTime, known: PhaseTime, tolerance: float = PROFILE_TOLERANCE) -> bool:
+    """Whether a re-measured profile is within ``tolerance`` of the one the core plans with."""
+    known_high = known.high if known.high is not None else known.mean
+    measured_high = measured.high if measured.high is not None else measured.mean
+    return abs(measured.mean - known.mean) <= tolerance * known.mean and abs(
+        measured_high - known_high
+    ) <= tolerance * max(known_high, 1e-9)
 
 
 def _profile(values: list[float]) -> PhaseTime:

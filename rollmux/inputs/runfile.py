@@ -75,6 +75,8 @@ class JobSubmission(PlanJob):
             self.grpo = GRPOFields()
         if self.grpo is not None and self.kind != "grpo":
             raise ValueError("'grpo' hyper-parameters are only for kind 'grpo'")
+        if self.args and self.kind != "program":
+            raise ValueError("'args' are for a job program named by 'entrypoint'")
         if self.kind != "external" and self.iterations is None:
             raise ValueError(f"a {self.kind} job needs 'iterations'")
         return self

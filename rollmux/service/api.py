@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollmux.core.control import PhaseTiming
+from rollmux.core.control import Grant, PhaseTiming
 from rollmux.core.errors import (
     JobEnded,
     JobExists,
@@ -96,6 +96,24 @@ class GrantView(BaseModel):
     epoch: int | None = None
     token: int | None = None
     iteration: int | None = None
+
+
+class Released(BaseModel):
+    status: str
+    next: GrantView | None = Field(default=None, description="the next phase's grant, when asked for")
+
+
+def _grant_view(grant: Grant | None) -> dict[str, Any]:
+    if grant is None:
+        return {"granted": False}
+    return {
+        "granted": True,
+        "phase": grant.phase,
+        "nodes": list(grant.nodes),
+        "epoch": grant.epoch,
+        "token": grant.token,
+        "iteration": grant.iteration,
+    }
 
 
 class _Body(BaseModel):
@@ -376,10 +394,11 @@ def create_app(control: ControlPlane, token: str) -> Any:
             return await control.activate(name, body.epoch, body.iteration)
 
     @app.post("/v1/jobs/{name}/heartbeat", response_model=Lease, responses=one)
-    async def heartbeat(name: JobName, body: EpochBody) -> dict[str, Any]:
-        """Renew the session's lease (every call of the session renews it too)."""
+    async def heartbeat(name: JobName, body: EpochBody) -> JSONResponse:
+        """Renew the session's lease (every call of the session renews it too). The hot
+        endpoints answer with a plain JSON response: their models only document them."""
         with _errors_as_http():
-            return await control.heartbeat(name, body.epoch)
+            return JSONResponse(await control.heartbeat(name, body.epoch))
 
     @app.post("/v1/jobs/{name}/phases/{phase}/acquire", response_model=GrantView, responses=one)
     async def acquire_phase(
@@ -387,29 +406,27 @@ def create_app(control: ControlPlane, token: str) -> Any:
         phase: Phase,
         epoch: Annotated[int, Query(ge=0, le=2**62)],
         wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 10.0,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         """Long poll: the grant once the group's round-robin gives this job its turn, or
         ``granted: false`` after ``wait_s`` (ask again; the grant already made is returned)."""
         with _errors_as_http():
-            grant = await control.acquire(name, phase, epoch, wait_s)
-        if grant is None:
-            return {"granted": False}
-        return {
-            "granted": True,
-            "phase": grant.phase,
-            "nodes": list(grant.nodes),
-            "epoch": grant.epoch,
-            "token": grant.token,
-            "iteration": grant.iteration,
-        }
+            return JSONResponse(_grant_view(await control.acquire(name, phase, epoch, wait_s)))
 
-    @app.post("/v1/jobs/{name}/phases/{phase}/release", responses=one)
-    async def release_phase(name: JobName, phase: Phase, body: ReleaseBody) -> dict[str, str]:
-        """The phase is over: it is logged and its nodes go to the next job in turn."""
+    @app.post("/v1/jobs/{name}/phases/{phase}/release", response_model=Released, responses=one)
+    async def release_phase(
+        name: JobName,
+        phase: Phase,
+        body: ReleaseBody,
+        then_wait_s: Annotated[
+            float | None, Query(ge=0, le=MAX_WAIT_S, description="also ask for the next phase, waiting this long")
+        ] = None,
+    ) -> JSONResponse:
+        """The phase is over: it is logged and its nodes go to the next job in turn. With
+        ``then_wait_s``, the job's next phase is asked for in the same call (``next``)."""
         timing = PhaseTiming(body.busy_s, body.wake_s, body.sleep_s)
         with _errors_as_http():
-            await control.release(name, phase, body.epoch, body.token, timing)
-        return {"status": "released"}
+            grant = await control.release(name, phase, body.epoch, body.token, timing, then_wait_s)
+        return JSONResponse({"status": "released", "next": _grant_view(grant) if then_wait_s is not None else None})
 
     @app.post("/v1/jobs/{name}/progress", responses=one)
     async def progress(name: JobName, body: ProgressBody) -> dict[str, str]:

@@ -40,6 +40,7 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
+from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.journal import Journal
@@ -250,6 +251,21 @@ class ControlPlane:
         """The grant once the job's turn comes, or None after ``wait_s`` (ask again: the
         grant, once made, stays the job's until it releases it or its lease expires)."""
         await self._live(name)
+        return await self._acquire(name, phase, epoch, wait_s)
+
+    async def release(
+        self, name: str, phase: str, epoch: int, token: int, timing: PhaseTiming, then_wait_s: float | None = None
+    ) -> Grant | None:
+        """Hand the phase back; with ``then_wait_s``, ask for the job's next phase in the same
+        call (one round trip and one commit per phase switch for jobs that go straight on)."""
+        await self._live(name)
+        self.state.release(name, phase, epoch, token, timing, self.clock())
+        if then_wait_s is None:
+            await self._persist()
+            return None
+        return await self._acquire(name, ROLLOUT if phase == TRAIN else TRAIN, epoch, then_wait_s)
+
+    async def _acquire(self, name: str, phase: str, epoch: int, wait_s: float) -> Grant | None:
         grant = self.state.acquire(name, phase, epoch, self.clock())
         await self._persist()
         if grant is None and wait_s > 0:
@@ -264,11 +280,6 @@ class ControlPlane:
         if grant is not None:
             await self.journal.barrier()
         return grant
-
-    async def release(self, name: str, phase: str, epoch: int, token: int, timing: PhaseTiming) -> None:
-        await self._live(name)
-        self.state.release(name, phase, epoch, token, timing, self.clock())
-        await self._persist()
 
     async def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float]) -> None:
         await self._live(name)

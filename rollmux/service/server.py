@@ -110,9 +110,14 @@ class Service:
         )
         return executor
 
+    def _server(self) -> uvicorn.Server:
+        # Keep-alive outlives a long poll, so a waiting job's connection is not closed under it.
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_keep_alive=75)
+        return uvicorn.Server(config)
+
     def run(self) -> None:
         """Serve in the foreground until interrupted."""
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self.server = self._server()
         try:
             self.server.run(sockets=[self.socket])
         finally:
@@ -120,7 +125,7 @@ class Service:
 
     def start(self, timeout_s: float = 120.0) -> Service:
         """Serve from a background thread; returns once the control plane is ready."""
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self.server = self._server()
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self.server.serve(sockets=[self.socket])), name="rollmux-service", daemon=True
         )
@@ -152,7 +157,7 @@ class Service:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP: asyncio then sets TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

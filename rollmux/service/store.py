@@ -10,6 +10,7 @@ restart takes the same time whatever the finished history holds.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from rollmux.core.control import (
     Job,
     JobRecord,
     NodeRecord,
+    PhaseEntry,
     Snapshot,
 )
 from rollmux.core.errors import RollMuxError
@@ -185,10 +187,11 @@ class Store:
     # --- writes ------------------------------------------------------------------------
 
     def apply(self, deltas: Sequence[Delta]) -> None:
-        """Write a batch of deltas, in order, in one transaction."""
+        """Write a batch of deltas in one transaction: rows as the last delta left them (the
+        intermediate states are never visible), log entries all, in order."""
+        merged = _merge(deltas)
         with self.sessions.begin() as session:
-            for delta in deltas:
-                _apply(session, delta)
+            _apply(session, merged)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -259,73 +262,125 @@ class Store:
             return [json.loads(r.values) for r in rows]
 
 
+def _merge(deltas: Sequence[Delta]) -> Delta:
+    merged = Delta()
+    for delta in deltas:
+        merged.jobs.update(delta.jobs)
+        merged.groups.update(delta.groups)
+        merged.counters.update(delta.counters)
+        merged.phases += delta.phases
+        merged.events += delta.events
+        merged.metrics += delta.metrics
+    return merged
+
+
+_STATEMENTS: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
+
+
+def _upsert(session: Session, table, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """Insert rows, or update those whose key exists: one statement for all of them (built
+    once per table and column set: building it costs more than running it)."""
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    values = tuple(c for c in rows[0] if c not in keys)
+    cache_key = (dialect, table.name, keys, values)
+    if cache_key not in _STATEMENTS:
+        _STATEMENTS[cache_key] = _upsert_statement(dialect, table, keys, values)
+    session.execute(_STATEMENTS[cache_key], rows)
+
+
+def _upsert_statement(dialect: str, table, keys: tuple[str, ...], values: tuple[str, ...]):
+    if dialect in ("mysql", "mariadb"):
+        from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+        statement = mysql_insert(table)
+        return statement.on_duplicate_key_update({c: statement.inserted[c] for c in values or keys[:1]})
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    statement = insert(table)
+    if not values:
+        return statement.on_conflict_do_nothing(index_elements=list(keys))
+    return statement.on_conflict_do_update(index_elements=list(keys), set_={c: statement.excluded[c] for c in values})
+
+
 def _apply(session: Session, delta: Delta) -> None:
-    for record in delta.jobs.values():
-        _upsert_job(session, record)
-    for group_id, group in delta.groups.items():
-        session.execute(delete(NodeRow).where(NodeRow.group_id == group_id))
-        if group is None:
-            session.execute(delete(GroupRow).where(GroupRow.id == group_id))
-            continue
-        if session.get(GroupRow, group_id) is None:
-            session.add(GroupRow(id=group_id))
-        for node in group.nodes:
-            session.add(NodeRow(id=node.id, pool=node.pool.value, group_id=group_id, due=node.due))
-    session.flush()
-    for name, value in delta.counters.items():
-        row = session.get(CounterRow, name)
-        if row is None:
-            session.add(CounterRow(name=name, value=value))
-        else:
-            row.value = value
-    for entry in delta.phases:
-        g = entry.grant
-        session.add(
-            PhaseRow(
-                job=g.job,
-                epoch=g.epoch,
-                token=g.token,
-                phase=g.phase,
-                iteration=g.iteration,
-                nodes=json.dumps(list(g.nodes)),
-                requested_at=g.requested_at,
-                granted_at=g.granted_at,
-                ended_at=entry.ended_at,
-                busy_s=entry.timing.busy_s,
-                wake_s=entry.timing.wake_s,
-                sleep_s=entry.timing.sleep_s,
-                outcome=entry.outcome,
-            )
-        )
-    for e in delta.events:
-        session.add(EventRow(job=e.job, at=e.at, kind=e.kind, detail=e.detail[:2000]))
-    for m in delta.metrics:
-        row = session.get(MetricsRow, (m.job, m.iteration))
-        if row is None:
-            session.add(MetricsRow(job=m.job, iteration=m.iteration, values=json.dumps(m.values)))
-        else:
-            row.values = json.dumps(m.values)
-    session.flush()
+    _upsert(session, JobRow.__table__, [_job_row(r) for r in delta.jobs.values()], ("seq",))
+    if delta.groups:
+        session.execute(delete(NodeRow).where(NodeRow.group_id.in_(list(delta.groups))))
+        gone = [g for g, group in delta.groups.items() if group is None]
+        if gone:
+            session.execute(delete(GroupRow).where(GroupRow.id.in_(gone)))
+        kept = [group for group in delta.groups.values() if group is not None]
+        _upsert(session, GroupRow.__table__, [{"id": g.id} for g in kept], ("id",))
+        nodes = [{"id": n.id, "pool": n.pool.value, "group_id": g.id, "due": n.due} for g in kept for n in g.nodes]
+        if nodes:
+            session.execute(NodeRow.__table__.insert(), nodes)
+    counters = [{"name": name, "value": value} for name, value in delta.counters.items()]
+    _upsert(session, CounterRow.__table__, counters, ("name",))
+    if delta.phases:
+        session.execute(PhaseRow.__table__.insert(), [_phase_row(entry) for entry in delta.phases])
+    if delta.events:
+        events = [{"job": e.job, "at": e.at, "kind": e.kind, "detail": e.detail[:2000]} for e in delta.events]
+        session.execute(EventRow.__table__.insert(), events)
+    latest = {(m.job, m.iteration): m for m in delta.metrics}
+    metrics = [{"job": m.job, "iteration": m.iteration, "values": json.dumps(m.values)} for m in latest.values()]
+    _upsert(session, MetricsRow.__table__, metrics, ("job", "iteration"))
 
 
-def _upsert_job(session: Session, record: JobRecord) -> None:
+def _phase_row(entry: PhaseEntry) -> dict[str, Any]:
+    g = entry.grant
+    return {
+        "job": g.job,
+        "epoch": g.epoch,
+        "token": g.token,
+        "phase": g.phase,
+        "iteration": g.iteration,
+        "nodes": json.dumps(list(g.nodes)),
+        "requested_at": g.requested_at,
+        "granted_at": g.granted_at,
+        "ended_at": entry.ended_at,
+        "busy_s": entry.timing.busy_s,
+        "wake_s": entry.timing.wake_s,
+        "sleep_s": entry.timing.sleep_s,
+        "outcome": entry.outcome,
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_json(spec: JobSpec) -> str:
+    return json.dumps(spec.to_dict())
+
+
+def _job_row(record: JobRecord) -> dict[str, Any]:
     job = record.job
-    row = session.get(JobRow, job.seq)
-    if row is None:
-        row = JobRow(seq=job.seq, name=job.name, submitted_at=job.submitted_at)
-        session.add(row)
-    row.spec = json.dumps(job.spec.to_dict())
-    row.program = json.dumps(job.program)
-    row.state, row.reason = job.state, job.reason[:2000]
-    row.priority, row.max_restarts = job.priority, job.max_restarts
-    row.group_id = record.group_id
-    row.rollout_nodes, row.train_nodes = json.dumps(list(record.rollout_nodes)), json.dumps(list(record.train_nodes))
-    row.colocated = int(record.colocated)
-    row.epoch, row.iteration, row.next_phase = job.epoch, job.iteration, job.next_phase
-    row.restarts, row.launch = job.restarts, job.launch
-    row.grant = json.dumps(_grant_dict(job.grant)) if job.grant else None
-    row.last_token = job.last_token
-    row.placed_at, row.ended_at, row.cost_usd = job.placed_at, job.ended_at, job.cost_usd
+    return {
+        "seq": job.seq,
+        "name": job.name,
+        "spec": _spec_json(job.spec),
+        "program": json.dumps(job.program),
+        "state": job.state,
+        "reason": job.reason[:2000],
+        "priority": job.priority,
+        "max_restarts": job.max_restarts,
+        "group_id": record.group_id,
+        "rollout_nodes": json.dumps(list(record.rollout_nodes)),
+        "train_nodes": json.dumps(list(record.train_nodes)),
+        "colocated": int(record.colocated),
+        "epoch": job.epoch,
+        "iteration": job.iteration,
+        "next_phase": job.next_phase,
+        "restarts": job.restarts,
+        "launch": job.launch,
+        "grant": json.dumps(_grant_dict(job.grant)) if job.grant else None,
+        "last_token": job.last_token,
+        "submitted_at": job.submitted_at,
+        "placed_at": job.placed_at,
+        "ended_at": job.ended_at,
+        "cost_usd": job.cost_usd,
+    }
 
 
 def _grant_dict(grant: Grant) -> dict[str, Any]:
