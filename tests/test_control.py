@@ -296,6 +296,13 @@ class Scenario(RuleBasedStateMachine):
             assert turns.holder == {n: j for n, j in held.items() if n in turns.sequence}
 
     @invariant()
+    def no_waiting_job_could_start(self):
+        for name, job in self.state.jobs.items():
+            if job.request is not None and job.grant is None:
+                turns = self.state.turns[self.state.cluster.group_of(name).id]
+                assert not turns.may_start(name, job.request[0]), f"{name} waits for a turn it could take"
+
+    @invariant()
     def tokens_only_grow(self):
         assert self.tokens == sorted(set(self.tokens))
 

@@ -49,11 +49,20 @@ def wait_until(condition, timeout_s: float = 240.0, every_s: float = 0.05):
 
 def all_ended(api: Client) -> dict[str, dict]:
     views = {n: api.request("GET", f"/v1/jobs/{n}") for n in ("a", "b", "ref")}
-    return views if all(v["state"] in ("done", "failed") for v in views.values()) else {}
+    return views if all(v["state"] in ("done", "failed", "cancelled") for v in views.values()) else {}
 
 
 def losses(api: Client, name: str) -> list[tuple[float, float]]:
     return [(m["loss"], m["reward"]) for m in api.request("GET", f"/v1/jobs/{name}/metrics")]
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def no_node_runs_two_jobs(log: list[dict]) -> None:
@@ -106,3 +115,18 @@ def test_a_killed_control_plane_restarts_every_job_where_it_was(service):
     for name in ("a", "b", "ref"):
         trained = sorted({e["iteration"] for e in log if e["job"] == name and e["outcome"] == "released"})
         assert trained == list(range(ITERATIONS))
+
+
+def test_a_cancelled_job_stops_at_once_and_its_partners_go_on(service):
+    api = Client(service.url, service.token)
+    submit_group(api)
+    wait_until(lambda: api.request("GET", "/v1/jobs/b")["iterations"] >= 1)
+    session = [e for e in api.request("GET", "/v1/jobs/b/events") if e["kind"] == "session"][-1]
+    driver = int(re.search(r"pid (\d+)", session["detail"]).group(1))
+    assert api.request("DELETE", "/v1/jobs/b")["state"] == "cancelled"
+    wait_until(lambda: not running(driver), timeout_s=30)
+    views = wait_until(lambda: all_ended(api))
+    assert [views[n]["state"] for n in ("a", "b", "ref")] == ["done", "cancelled", "done"]
+    assert views["b"]["iterations"] < ITERATIONS
+    assert losses(api, "a") == losses(api, "ref")
+    no_node_runs_two_jobs(api.phase_log())

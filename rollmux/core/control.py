@@ -18,6 +18,7 @@ expired incarnation are refused here and by the workers.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -316,7 +317,7 @@ class ControlState:
             raise PhaseOrderError(f"job {name} asked for its {phase} phase, but its {job.next_phase} phase comes first")
         if job.request is None:
             job.request = (phase, now)
-        self._grant_due(self.cluster.group_of(name), now)
+        self._grant_due(self.cluster.group_of(name), now, (name,))
         return job.grant
 
     def release(self, name: str, phase: str, epoch: int, token: int, timing: PhaseTiming, now: float) -> None:
@@ -331,6 +332,7 @@ class ControlState:
         if job.grant.token != token:
             raise StaleEpoch(f"job {name}: grant {token} is not the one it holds ({job.grant.token})")
         group = self.cluster.group_of(name)
+        freed = job.grant.nodes
         self.turns[group.id].finish(name, phase)
         self._delta.phases.append(PhaseEntry(job.grant, now, timing, "released"))
         job.next_phase = TRAIN if phase == ROLLOUT else ROLLOUT
@@ -340,7 +342,8 @@ class ControlState:
         self._touch(job)
         self._touch_group(group.id)
         self._learn(job, phase, timing.busy_s)
-        self._grant_due(group, now)
+        turns = self.turns[group.id]
+        self._grant_due(group, now, {turns.due(node) for node in freed})
 
     def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float], now: float) -> None:
         """Metrics of one iteration (kept per iteration: a repeated report replaces it)."""
@@ -556,12 +559,19 @@ class ControlState:
             self._touch_group(group.id)
             self._grant_due(group, now)
 
-    def _grant_due(self, group: Group, now: float) -> None:
-        """Grant every waiting job of the group whose turn has come."""
+    def _grant_due(self, group: Group, now: float, candidates: Collection[str] | None = None) -> None:
+        """Grant every waiting job of the group whose turn has come. ``candidates``: the only
+        jobs that can have become startable (the asking job; the jobs due next on freed
+        nodes), so a phase switch costs the same whatever the group's size."""
         turns = self.turns.get(group.id)
         if turns is None:
             return
-        for name in turns.jobs:
+        order = (
+            turns.jobs
+            if candidates is None
+            else sorted((j for j in candidates if j in turns.nodes), key=turns.jobs.index)
+        )
+        for name in order:
             job = self.jobs[name]
             if job.request is None or job.grant is not None or not turns.may_start(name, job.request[0]):
                 continue

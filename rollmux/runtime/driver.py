@@ -73,7 +73,13 @@ def start_driver(job: str, incarnation: int) -> ray.actor.ActorHandle:
     """A new detached driver actor for one incarnation of the job."""
     return (
         ray.remote(JobDriver)
-        .options(name=driver_name(job, incarnation), namespace=NAMESPACE, lifetime="detached", num_cpus=0)
+        .options(
+            name=driver_name(job, incarnation),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            num_cpus=0,
+            max_concurrency=2,  # `pid` answers while `run` runs
+        )
         .remote()
     )
 

@@ -64,6 +64,14 @@ class RayExecutor:
         self.drivers[job] = (incarnation, handle, None)
         return True
 
+    async def driver_ended(self, job: str, incarnation: int) -> str:
+        if job not in self.drivers or self.drivers[job][0] != incarnation or self.drivers[job][2] is None:
+            return "not started here"
+        try:
+            return await self.drivers[job][2]
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+            return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+
     async def driver_pid(self, job: str) -> int:
         """The process id of the job's current driver (for operators and failure tests)."""
         return await self.drivers[job][1].pid.remote()

@@ -70,6 +70,10 @@ class Executor(Protocol):
 
     async def driver_alive(self, job: str, incarnation: int) -> bool: ...
 
+    async def driver_ended(self, job: str, incarnation: int) -> str:
+        """Return once the driver started by :meth:`start_driver` is gone, saying how."""
+        ...
+
     async def stop_driver(self, job: str, incarnation: int) -> None:
         """Stop the job's driver and drop its roles from every worker."""
         ...
@@ -94,6 +98,9 @@ class NoExecutor:
 
     async def driver_alive(self, job: str, incarnation: int) -> bool:
         return False
+
+    async def driver_ended(self, job: str, incarnation: int) -> str:
+        return "no driver"
 
     async def stop_driver(self, job: str, incarnation: int) -> None:
         return None
@@ -122,18 +129,18 @@ class ControlPlane:
         store: Store,
         options: ControlOptions,
         executor: Executor | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ):
         self.store = store
         self.options = options
         self.executor = executor or NoExecutor()
-        self.clock = clock
+        self.clock = clock or steady_wall_clock()
         self.state = ControlState.restore(
             store.load(),
             options.cost,
             options.planning,
             make_policy(options.policy),
-            clock(),
+            self.clock(),
             options.lease_s,
             options.capacity,
         )
@@ -507,6 +514,16 @@ class ControlPlane:
             if name in self.state.jobs:
                 self.state.end(name, FAILED, self.clock(), f"driver did not start: {error}")
                 await self._persist()
+            return
+        outcome = await self.executor.driver_ended(name, incarnation)
+        job = self.state.jobs.get(name)
+        if job is not None and job.launch == incarnation and job.state in (PLACED, *SESSION_STATES):
+            # Its driver is gone without ending the job (process killed, crashed before its
+            # session, gave up on an unreachable control plane): no need to wait for a lease.
+            now = self.clock()
+            self.state.lose(name, now, f"its driver ended: {outcome}")
+            self._after_loss(name, now)
+            await self._persist()
 
     async def _watch_capacity(self) -> None:
         while True:
@@ -515,6 +532,13 @@ class ControlPlane:
             if capacity is not None and capacity != self.state.capacity:
                 self.state.set_capacity(capacity, self.clock())
                 await self._persist()
+
+
+def steady_wall_clock() -> Callable[[], float]:
+    """Wall-clock time that never jumps: the wall time at start plus a monotonic clock's
+    progress. Leases measured on it survive an NTP step; logged times stay readable."""
+    wall, steady = time.time(), time.monotonic()
+    return lambda: wall + (time.monotonic() - steady)
 
 
 def _record_view(record: JobRecord) -> dict[str, Any]:
