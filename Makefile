@@ -36,6 +36,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/context_switch.py
 	$(BIN)/python bench/learning.py --iterations 100
 	$(BIN)/python bench/service.py
+	$(BIN)/python bench/grants.py --jobs 1000 --seconds 30
+	$(BIN)/python bench/restart.py --finished 10000
 
 clean:
 	rm -rf $(VENV) out
