@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 import ray
@@ -80,3 +85,41 @@ def test_run_command_refuses_bad_files_with_exit_code_2(tmp_path):
     result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "field 'jobs'" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_file_nested_too_deeply_is_refused_with_exit_code_2(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("jobs:\n  - name: a\n    iterations: 1\n    args: " + "[" * 3000 + "]" * 3000 + "\n")
+    result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "nested too deeply" in result.output
+
+
+def test_an_interrupted_run_stops_cleanly_and_the_next_one_resumes(tmp_path):
+    example = tmp_path / "run.yaml"
+    example.write_text(TINY.replace("iterations: 3", "iterations: 12"))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "rollmux.cli.main", "run", str(example), "--out", str(out)]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and iterations(out) < 2:
+        time.sleep(0.2)
+    run.send_signal(signal.SIGINT)
+    _, errors = run.communicate(timeout=120)
+    assert run.returncode == 130 and b"run the same command again" in errors and b"Traceback" not in errors
+    assert 2 <= iterations(out) < 12
+
+    again = runner.invoke(app, ["run", str(example), "--out", str(out)])
+    ray.shutdown()
+    assert again.exit_code == 0, again.output
+    jobs = json.loads((out / "run.json").read_text())["jobs"]
+    assert {(j["state"], j["iterations"], j["restarts"]) for j in jobs.values()} == {("done", 12, 0)}
+
+
+def iterations(out) -> int:
+    """Iterations the interrupted run's control plane has committed, for its least advanced job."""
+    database = out / "state" / "rollmux.db"
+    if not database.exists():
+        return 0
+    with sqlite3.connect(database) as connection:
+        rows = connection.execute("SELECT iteration FROM jobs").fetchall()
+    return min((r[0] for r in rows), default=0) if len(rows) == 2 else 0

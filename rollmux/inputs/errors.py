@@ -41,3 +41,5 @@ def read_json(path: Path | str) -> Any:
         raise InputError(path, "file not found") from None
     except json.JSONDecodeError as error:
         raise InputError(path, f"not valid JSON: {error.msg}", line=error.lineno) from None
+    except RecursionError:
+        raise InputError(path, "nested too deeply to be a RollMux file") from None

@@ -148,6 +148,8 @@ def load_yaml_model(path: Path, model: type[M]) -> M:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark else None
         raise InputError(path, f"not valid YAML: {getattr(err, 'problem', err)}", line=line) from None
+    except RecursionError:
+        raise InputError(path, "nested too deeply to be a RollMux file") from None
     if not isinstance(raw, dict):
         raise InputError(path, "expected a mapping at the top level", line=1)
     try:

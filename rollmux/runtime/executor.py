@@ -82,10 +82,12 @@ class RayExecutor:
             node.worker.unload.remote(job)
 
     async def close(self) -> None:
-        """Give everything back: drivers stopped, nodes released (jobs resume at the next start)."""
-        for job in list(self.drivers):
-            await self._stop(job)
-        await asyncio.to_thread(self.nodes.release_all)
+        """Give everything back: drivers stopped, nodes released (jobs resume at the next
+        start). Direct calls: at shutdown the thread pool may already be gone."""
+        for _, handle, _ in self.drivers.values():
+            ray.kill(handle)
+        self.drivers.clear()
+        self.nodes.release_all()
 
     async def _stop(self, job: str) -> None:
         if job in self.drivers:

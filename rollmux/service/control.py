@@ -152,6 +152,7 @@ class ControlPlane:
         self.ready = False
         self._changed: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
+        self._launches: dict[str, asyncio.Task] = {}
 
     # --- life ----------------------------------------------------------------------------
 
@@ -173,10 +174,13 @@ class ControlPlane:
         self.ready = True
 
     async def stop(self) -> None:
+        """Stop watching (so drivers stopped now are not taken for lost jobs), give the
+        executor's nodes and drivers back, and finish writing."""
         self.ready = False
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._launches.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.executor.close()
         self.journal.stop()
 
@@ -495,9 +499,15 @@ class ControlPlane:
             managed = job.program.get("kind", "external") != "external"
             if managed and job.state == PLACED and self.launched.get(job.name) != job.launch:
                 self.launched[job.name] = job.launch
-                asyncio.create_task(self._launch(job.name, job.launch), name=f"launch-{job.name}")
+                task = asyncio.create_task(self._launch(job.name, job.launch), name=f"launch-{job.name}")
+                self._launches[job.name] = task
+                task.add_done_callback(lambda done, name=job.name: self._forget_launch(name, done))
         for name in [n for n in self.launched if n not in self.state.jobs]:
             await self.executor.stop_driver(name, self.launched.pop(name))
+
+    def _forget_launch(self, name: str, task: asyncio.Task) -> None:
+        if self._launches.get(name) is task:
+            del self._launches[name]
 
     async def _launch(self, name: str, incarnation: int) -> None:
         seat = self.state.seat(name)

@@ -142,10 +142,11 @@ class Service:
         return self
 
     def stop(self) -> None:
+        """Stop serving and wait until the control plane gave its nodes and drivers back."""
         if self.server is not None:
             self.server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join()
         self.close()
 
     def close(self) -> None:
