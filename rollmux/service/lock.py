@@ -43,6 +43,7 @@ class WriterLock:
             self._file.close()
             self._file = None
         if self._connection is not None:
+            self._connection.invalidate()  # really close it: a pooled connection would keep the lock
             self._connection.close()
             self._connection = None
 
@@ -79,14 +80,23 @@ def _sqlite_lock(engine: Engine, holder: dict[str, Any]) -> WriterLock:
 
 
 def _database_lock(engine: Engine, holder: dict[str, Any], dialect: str) -> WriterLock:
+    """A session-level lock held by a connection kept open; the holder is written to the
+    ``meta`` table so that a refused server can name it."""
     connection = engine.connect()
     if dialect == "postgresql":
         got = connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": LOCK_KEY}).scalar()
     else:
         got = connection.execute(text("SELECT GET_LOCK('rollmux-control-plane', 0)")).scalar() == 1
+    connection.commit()
     if not got:
         connection.close()
-        raise StoreLocked(f"{engine.url.render_as_string()} is in use by another rollmux control plane")
+        with engine.connect() as reader:
+            owner = reader.execute(text("SELECT value FROM meta WHERE key = 'holder'")).scalar() or ""
+        url = engine.url.render_as_string()
+        raise StoreLocked(f"{url} is in use by another rollmux control plane: {_describe(owner)}")
+    with engine.begin() as writer:
+        writer.execute(text("DELETE FROM meta WHERE key = 'holder'"))
+        writer.execute(text("INSERT INTO meta (key, value) VALUES ('holder', :value)"), {"value": json.dumps(holder)})
     return WriterLock(holder, _connection=connection)
 
 
