@@ -411,6 +411,17 @@ class ControlState:
             return None
         return next(m for m in self.cluster.group_of(name).members if m.job.name == name)
 
+    def record(self, name: str) -> JobRecord:
+        """The job's row as the store keeps it (a copy)."""
+        job = self._live(name)
+        seat = self.seat(job.name)
+        if seat is not None:
+            group_id = self.cluster.job_group[job.name]
+            return JobRecord(replace(job), group_id, seat.rollout_nodes, seat.train_nodes, seat.colocated)
+        if job.last_seat is not None and job.state in ENDED_STATES:
+            return JobRecord(replace(job), *job.last_seat)
+        return JobRecord(replace(job))
+
     def cost_so_far(self, job: Job, now: float) -> float:
         """Time since placement × the job's equal share of its group's node price now."""
         if job.placed_at is None or job.name not in self.cluster.job_group:
@@ -427,7 +438,7 @@ class ControlState:
         """The rows changed since the last drain; ended jobs leave memory here."""
         delta, self._delta = self._delta, Delta()
         for name in self._dirty_jobs:
-            delta.jobs[name] = self._record(self.jobs[name])
+            delta.jobs[name] = self.record(name)
         for group_id in self._dirty_groups:
             delta.groups[group_id] = self._group_record(group_id)
         delta.counters = {"next_seq": self.next_seq, "next_token": self.next_token}
@@ -621,15 +632,6 @@ class ControlState:
 
     def _event(self, job: str, at: float, kind: str, detail: str) -> None:
         self._delta.events.append(EventEntry(job, at, kind, detail))
-
-    def _record(self, job: Job) -> JobRecord:
-        seat = self.seat(job.name)
-        if seat is not None:
-            group_id = self.cluster.job_group[job.name]
-            return JobRecord(replace(job), group_id, seat.rollout_nodes, seat.train_nodes, seat.colocated)
-        if job.last_seat is not None and job.state in ENDED_STATES:
-            return JobRecord(replace(job), *job.last_seat)
-        return JobRecord(replace(job))
 
     def _group_record(self, group_id: int) -> GroupRecord | None:
         group = self.cluster.groups.get(group_id)

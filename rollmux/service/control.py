@@ -325,28 +325,15 @@ class ControlPlane:
         return {"jobs": views, "next_cursor": page.next_cursor}
 
     def _live_view(self, job: Job) -> dict[str, Any]:
-        seat = self.state.seat(job.name)
-        group = self.state.cluster.group_of(job.name) if seat else None
-        return {
-            "name": job.name,
-            "state": job.state,
-            "reason": job.reason,
-            "kind": job.program.get("kind", "external"),
-            "priority": job.priority,
-            "group_id": group.id if group else None,
-            "rollout_nodes": list(seat.rollout_nodes) if seat else [],
-            "train_nodes": list(seat.train_nodes) if seat else [],
-            "slo": job.spec.slo,
-            "slowdown": group.slowdowns().get(job.name) if group else None,
-            "iterations": job.iteration,
-            "epoch": job.epoch,
-            "restarts": job.restarts,
-            "phase": job.grant.phase if job.grant else None,
-            "metrics": self.last_metrics.get(job.name),
-            "cost_usd": self.state.cost_so_far(job, self.clock()),
-            "submitted_at": job.submitted_at,
-            "ended_at": job.ended_at,
-        }
+        """The stored view of the job, with what only memory knows: its planned slowdown,
+        the phase it holds, its last metrics and its cost so far."""
+        view = _record_view(self.state.record(job.name))
+        if job.name in self.state.cluster.job_group:
+            view["slowdown"] = self.state.cluster.group_of(job.name).slowdowns().get(job.name)
+        view["phase"] = job.grant.phase if job.grant else None
+        view["metrics"] = self.last_metrics.get(job.name)
+        view["cost_usd"] = self.state.cost_so_far(job, self.clock())
+        return view
 
     async def phase_log(self, name: str | None, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.store.phases, name, after, limit)
