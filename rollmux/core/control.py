@@ -298,6 +298,13 @@ class ControlState:
         self._grant_due(group, now)
         return job
 
+    def explain(self, name: str, reason: str) -> None:
+        """Say why a job is not progressing (shown with its state) without changing it."""
+        job = self._live(name)
+        if job.reason != reason:
+            job.reason = reason
+            self._touch(job)
+
     def heartbeat(self, name: str, epoch: int, now: float) -> Job:
         """Renew the session's lease."""
         return self._session(name, epoch, now)

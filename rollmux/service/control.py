@@ -47,6 +47,8 @@ from rollmux.service.journal import Journal
 from rollmux.service.store import Store
 
 log = logging.getLogger("rollmux.control")
+NODES_PATIENCE_S = 20.0
+"""After this long without its nodes, a placed job says it is waiting for Ray."""
 
 
 class Executor(Protocol):
@@ -196,11 +198,11 @@ class ControlPlane:
         """Accept jobs in one transaction (each placed now or queued). Resubmitting an
         identical job answers with it; a different job under a used name is refused.
         Returns the views and whether anything new was accepted."""
-        known = {job.name: await asyncio.to_thread(self.store.job, job.name) for job in jobs}
+        known = await asyncio.to_thread(self.store.named, [job.name for job in jobs])
         fresh = []
         for job in jobs:
-            existing = self.state.jobs.get(job.name)
-            program = existing.program if existing else (known[job.name].job.program if known[job.name] else None)
+            existing = self.state.jobs.get(job.name) or (known[job.name].job if job.name in known else None)
+            program = existing.program if existing else None
             if program is None:
                 fresh.append(job)
             elif program != job.program():
@@ -500,7 +502,13 @@ class ControlPlane:
         seat = self.state.seat(name)
         if seat is None:
             return
-        await self.executor.wait_nodes((*seat.rollout_nodes, *seat.train_nodes))
+        nodes = (*seat.rollout_nodes, *seat.train_nodes)
+        reserved = asyncio.ensure_future(self.executor.wait_nodes(nodes))
+        done, _ = await asyncio.wait({reserved}, timeout=NODES_PATIENCE_S)
+        if not done and name in self.state.jobs:
+            self.state.explain(name, f"waiting for Ray to reserve node(s) {', '.join(map(str, nodes))}")
+            await self._persist()
+        await reserved
         job = self.state.jobs.get(name)
         if job is None or job.state != PLACED or job.launch != incarnation:
             return

@@ -212,6 +212,12 @@ class Store:
             row = session.scalars(select(JobRow).where(JobRow.name == name)).one_or_none()
             return _record(row) if row else None
 
+    def named(self, names: Sequence[str]) -> dict[str, JobRecord]:
+        """The stored jobs among ``names`` (one query, for a plan's name check)."""
+        with self.sessions() as session:
+            rows = session.scalars(select(JobRow).where(JobRow.name.in_(list(names))))
+            return {row.name: _record(row) for row in rows}
+
     def jobs(self, states: Sequence[str] = (), after: int = -1, limit: int = 100) -> JobPage:
         """Jobs in submission order after the cursor ``after``, optionally of some states."""
         with self.sessions() as session:
