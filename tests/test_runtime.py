@@ -179,6 +179,17 @@ def test_completed_steps_survive_a_crash_of_the_trainer_process(local_ray, tmp_p
     assert trained == [0, 1, 2, 2, 3, 4]  # iteration 2 ran again (its first try was revoked), nothing else
 
 
+def test_emulated_jobs_wait_their_phases_on_real_tensors(local_ray, tmp_path):
+    emulated = {"rollout_s": 0.2, "train_s": 0.1, "rollout_mib": 4, "train_mib": 8}
+    entry = "rollmux.jobs.emulated:EmulatedJob.from_context"
+    result = run(tmp_path, *(job(n, iterations=4, entrypoint=entry) | {"args": emulated} for n in ("e1", "e2")))
+    assert not result.errors and [len(result.histories[n]) for n in ("e1", "e2")] == [4, 4]
+    for record in result.records:
+        assert record.busy_s >= (0.2 if record.phase == "rollout" else 0.1)
+        assert record.wake_s > 0 and record.sleep_s > 0
+    assert {r.nodes for r in result.records if r.phase == "rollout"} == {result.records[0].nodes}  # one group
+
+
 def worker() -> PoolWorker:
     node = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
     for name, seed in (("a", 0), ("b", 1)):

@@ -212,5 +212,8 @@ def test_a_job_that_does_not_fit_the_ray_cluster_waits_and_is_placed_when_nodes_
         assert placed["state"] == "placed" and placed["reason"] == ""
         kinds = [e["kind"] for e in get(service, "/v1/jobs/loner/events").json()]
         assert kinds == ["submitted", "placed"]
+        history = [(n["pool"], n["held"]) for n in get(service, "/v1/nodes/log").json()]
+        taken, given_back = [("rollout", True), ("train", True)], [("rollout", False), ("train", False)]
+        assert history == taken + given_back + taken
     finally:
         service.stop()

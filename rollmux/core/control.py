@@ -95,6 +95,16 @@ class EventEntry:
 
 
 @dataclass(frozen=True)
+class NodeEntry:
+    """A node the cluster took (``held``) or gave back, and when: its cost is the time between."""
+
+    node: int
+    pool: Pool
+    at: float
+    held: bool
+
+
+@dataclass(frozen=True)
 class MetricsEntry:
     job: str
     iteration: int
@@ -172,11 +182,12 @@ class Delta:
     phases: list[PhaseEntry] = field(default_factory=list)
     events: list[EventEntry] = field(default_factory=list)
     metrics: list[MetricsEntry] = field(default_factory=list)
+    nodes: list[NodeEntry] = field(default_factory=list)
     wake: set[str] = field(default_factory=set)
     """Jobs granted a phase they were waiting for: wake them once this is durable."""
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.groups or self.phases or self.events or self.metrics)
+        return bool(self.jobs or self.groups or self.phases or self.events or self.metrics or self.nodes)
 
 
 @dataclass(frozen=True)
@@ -252,7 +263,8 @@ class ControlState:
                     job.reason = short
                     self._touch(job)
                 break
-            self.cluster.commit(candidate)
+            placement = self.cluster.commit(candidate)
+            self._nodes_changed(placement.added_nodes, now, held=True)
             self.queue.pop(0)
             job.state, job.reason, job.placed_at = PLACED, "", now
             self._touch(job)
@@ -552,6 +564,7 @@ class ControlState:
         group_id = self.cluster.group_of(job.name).id
         job.last_seat = (group_id, seat.rollout_nodes, seat.train_nodes, seat.colocated)
         removal = self.cluster.remove(job.name)
+        self._nodes_changed(removal.released_nodes, now, held=False)
         self._touch_group(group_id)
         group = self.cluster.groups.get(group_id)
         if group is None:
@@ -630,6 +643,9 @@ class ControlState:
             return  # rescheduling a group costs its steady state: only for a real change
         self.cluster.update_phase_times(job.name, rollout, train)
         job.spec = self.seat(job.name).job
+
+    def _nodes_changed(self, nodes: tuple[tuple[int, Pool], ...], now: float, held: bool) -> None:
+        self._delta.nodes += [NodeEntry(node, pool, now, held) for node, pool in nodes]
 
     def _touch(self, job: Job) -> None:
         self._dirty_jobs.add(job.name)

@@ -197,6 +197,14 @@ class NodeView(BaseModel):
     price_per_hour: float
 
 
+class NodeChange(BaseModel):
+    id: int
+    node: int
+    pool: str
+    at: float
+    held: bool
+
+
 class ClusterSummary(BaseModel):
     nodes: dict[str, int]
     capacity: dict[str, int | None]
@@ -477,6 +485,14 @@ def create_app(control: ControlPlane, token: str) -> Any:
     @app.get("/v1/nodes", response_model=list[NodeView], responses=base)
     async def list_nodes() -> list[dict[str, Any]]:
         return control.nodes()
+
+    @app.get("/v1/nodes/log", response_model=list[NodeChange], responses=base)
+    async def node_log(
+        after: Annotated[int, Query(ge=-1, le=2**62, description="the last id of the previous page")] = -1,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        """Every node taken (``held``) and given back, in order: the cluster's cost over time."""
+        return await control.node_log(after, limit)
 
     @app.get("/v1/cluster", response_model=ClusterSummary, responses=base)
     async def cluster_summary() -> dict[str, Any]:

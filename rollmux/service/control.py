@@ -340,6 +340,9 @@ class ControlPlane:
     async def phase_log(self, name: str | None, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.store.phases, name, after, limit)
 
+    async def node_log(self, after: int, limit: int) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.node_log, after, limit)
+
     async def events(self, name: str) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.store.events, name)
 

@@ -128,6 +128,17 @@ class MetricsRow(Base):
     values: Mapped[str] = mapped_column(Text)
 
 
+class NodeLogRow(Base):
+    """When each node was taken and given back: what the cluster paid for."""
+
+    __tablename__ = "node_log"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[int] = mapped_column(Integer, index=True)
+    pool: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Float)
+    held: Mapped[int] = mapped_column(Integer)
+
+
 class CounterRow(Base):
     __tablename__ = "counters"
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -257,6 +268,17 @@ class Store:
                 for r in session.scalars(query)
             ]
 
+    def node_log(self, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
+        """Nodes taken and given back, in order (after id ``after``)."""
+        with self.sessions() as session:
+            query = select(NodeLogRow).where(NodeLogRow.id > after).order_by(NodeLogRow.id)
+            if limit is not None:
+                query = query.limit(limit)
+            return [
+                {"id": r.id, "node": r.node, "pool": r.pool, "at": r.at, "held": bool(r.held)}
+                for r in session.scalars(query)
+            ]
+
     def events(self, job: str) -> list[dict[str, Any]]:
         with self.sessions() as session:
             rows = session.scalars(select(EventRow).where(EventRow.job == job).order_by(EventRow.id))
@@ -277,6 +299,7 @@ def _merge(deltas: Sequence[Delta]) -> Delta:
         merged.phases += delta.phases
         merged.events += delta.events
         merged.metrics += delta.metrics
+        merged.nodes += delta.nodes
     return merged
 
 
@@ -331,6 +354,9 @@ def _apply(session: Session, delta: Delta) -> None:
     if delta.events:
         events = [{"job": e.job, "at": e.at, "kind": e.kind, "detail": e.detail[:2000]} for e in delta.events]
         session.execute(EventRow.__table__.insert(), events)
+    if delta.nodes:
+        nodes = [{"node": n.node, "pool": n.pool.value, "at": n.at, "held": int(n.held)} for n in delta.nodes]
+        session.execute(NodeLogRow.__table__.insert(), nodes)
     latest = {(m.job, m.iteration): m for m in delta.metrics}
     metrics = [{"job": m.job, "iteration": m.iteration, "values": json.dumps(m.values)} for m in latest.values()]
     _upsert(session, MetricsRow.__table__, metrics, ("job", "iteration"))

@@ -1,0 +1,96 @@
+"""An emulated RL job: phases that wait as a GPU phase waits (no CPU spin), on roles that
+hold real tensors, so sleep/wake and moving a job between workers move real bytes.
+
+It is a real job program on the phase API: the control plane places it, grants its
+phases in its group's turns and restarts it from its checkpoint. A trace replay runs one
+per trace job, with the trace's phase times divided by a time scale and each role's
+resident memory scaled down (by default 1 MiB per GB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rollmux.runtime.program import JobContext
+from rollmux.runtime.session import Session, phase
+
+if TYPE_CHECKING:
+    from rollmux.runtime.state import RoleState
+
+
+@dataclass(frozen=True)
+class EmulatedConfig:
+    rollout_s: float
+    train_s: float
+    rollout_mib: float = 1.0
+    train_mib: float = 1.0
+
+
+class EmulatedRole:
+    """A role whose state is ``mib`` MiB of real tensors and whose work is a wait."""
+
+    def __init__(self, mib: float, seconds: float):
+        import torch
+
+        from rollmux.runtime.state import RoleState
+
+        self.seconds = seconds
+        self.version = 0
+        module = torch.nn.Module()
+        module.register_buffer("state", torch.zeros(max(1, int(mib * 2**20) // 4), dtype=torch.float32))
+        self.state: RoleState = RoleState(module)
+
+    def work(self, iteration: int) -> float:
+        """The phase's work: as long as the emulated GPU phase, without using a core."""
+        time.sleep(self.seconds)
+        return self.seconds
+
+    def load_weights(self, version: int, weights: dict) -> None:
+        self.version = version
+
+
+@dataclass(frozen=True)
+class EmulatedJob:
+    config: EmulatedConfig
+    iterations: int
+    checkpoint: str | None = None
+
+    @classmethod
+    def from_context(cls, context: JobContext) -> EmulatedJob:
+        return cls(EmulatedConfig(**context.args), context.iterations, context.checkpoint)
+
+    def role_factory(self, phase_name: str):
+        if phase_name == "rollout":
+            return partial(EmulatedRole, self.config.rollout_mib, self.config.rollout_s)
+        return partial(EmulatedRole, self.config.train_mib, self.config.train_s)
+
+    def resume_from(self) -> int:
+        if not self.checkpoint or not Path(self.checkpoint).exists():
+            return 0
+        return int(json.loads(Path(self.checkpoint).read_text())["iterations"])
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        history = []
+        for iteration in range(self.resume_from(), self.iterations):
+            with phase("rollout"):
+                session.call("rollout", "work", iteration)
+            with phase("train"):
+                session.fetch(session.call("train", "work", iteration))
+                history.append(session.report({"iteration": float(iteration)}, iteration))
+                self._checkpoint(iteration + 1)
+        return history
+
+    def _checkpoint(self, iterations: int) -> None:
+        """The iterations done, written atomically (the emulated state needs no more)."""
+        if not self.checkpoint:
+            return
+        path = Path(self.checkpoint)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps({"iterations": iterations}))
+        os.replace(temporary, path)
