@@ -35,21 +35,20 @@ class EmulatedConfig:
 class EmulatedRole:
     """A role whose state is ``mib`` MiB of real tensors and whose work is a wait."""
 
-    def __init__(self, mib: float, seconds: float):
+    def __init__(self, mib: float):
         import torch
 
         from rollmux.runtime.state import RoleState
 
-        self.seconds = seconds
         self.version = 0
         module = torch.nn.Module()
         module.register_buffer("state", torch.zeros(max(1, int(mib * 2**20) // 4), dtype=torch.float32))
         self.state: RoleState = RoleState(module)
 
-    def work(self, iteration: int) -> float:
-        """The phase's work: as long as the emulated GPU phase, without using a core."""
-        time.sleep(self.seconds)
-        return self.seconds
+    def work(self, seconds: float) -> float:
+        """The phase's work: a wait, as a GPU phase is for the host, using no core."""
+        time.sleep(max(0.0, seconds))
+        return seconds
 
     def load_weights(self, version: int, weights: dict) -> None:
         self.version = version
@@ -66,9 +65,7 @@ class EmulatedJob:
         return cls(EmulatedConfig(**context.args), context.iterations, context.checkpoint)
 
     def role_factory(self, phase_name: str):
-        if phase_name == "rollout":
-            return partial(EmulatedRole, self.config.rollout_mib, self.config.rollout_s)
-        return partial(EmulatedRole, self.config.train_mib, self.config.train_s)
+        return partial(EmulatedRole, self.config.rollout_mib if phase_name == "rollout" else self.config.train_mib)
 
     def resume_from(self) -> int:
         if not self.checkpoint or not Path(self.checkpoint).exists():
@@ -79,12 +76,19 @@ class EmulatedJob:
         history = []
         for iteration in range(self.resume_from(), self.iterations):
             with phase("rollout"):
-                session.call("rollout", "work", iteration)
+                session.call("rollout", "work", self._left(session, self.config.rollout_s))
             with phase("train"):
-                session.fetch(session.call("train", "work", iteration))
                 history.append(session.report({"iteration": float(iteration)}, iteration))
                 self._checkpoint(iteration + 1)
+                session.fetch(session.call("train", "work", self._left(session, self.config.train_s)))
         return history
+
+    @staticmethod
+    def _left(session: Session, seconds: float) -> float:
+        """What remains of a phase of ``seconds`` from grant to release: its switching (the
+        wake already done, the offload and hand-back to come) is part of it, as it is part
+        of a profiled GPU phase."""
+        return seconds - session.since_grant() - session.handback_s
 
     def _checkpoint(self, iterations: int) -> None:
         """The iterations done, written atomically (the emulated state needs no more)."""

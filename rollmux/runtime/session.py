@@ -35,6 +35,10 @@ class Session:
         self.workers = workers
         self.began = time.time()
         self.grant: Grant | None = None
+        self.handback_s = 0.0
+        """Recent time from the end of a phase's work to its release (offload and the
+        control plane's round trip), a moving average."""
+        self._granted = 0.0
         self._started = 0.0
         self._wake_s = 0.0
 
@@ -51,6 +55,7 @@ class Session:
         if self.grant is not None:
             raise RuntimeError(f"{self.job}: phase {phase} entered inside phase {self.grant.phase}")
         grant = self.turns.acquire(phase)
+        self._granted = time.perf_counter()
         self.grant = grant
         wakes = [w.wake.remote(self.job, self.epoch, grant.token) for w in self.workers_of(phase)]
         self._wake_s = max(ray.get(wakes))
@@ -64,6 +69,12 @@ class Session:
         sleeps = [w.sleep.remote(self.job, self.epoch, grant.token) for w in self.workers_of(phase)]
         sleep_s = max(ray.get(sleeps))
         self.turns.release(grant, busy_s, self._wake_s, sleep_s)
+        handback = time.perf_counter() - self._started - busy_s
+        self.handback_s = handback if self.handback_s == 0 else 0.8 * self.handback_s + 0.2 * handback
+
+    def since_grant(self) -> float:
+        """Seconds since the current phase was granted (its wake included)."""
+        return time.perf_counter() - self._granted
 
     def call(self, phase: str, method: str, *args: Any) -> ray.ObjectRef:
         """Run ``method`` of the job's role on the phase's first node and wait for it.

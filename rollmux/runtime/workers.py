@@ -17,12 +17,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
 from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch
-from rollmux.runtime.state import RoleState
+
+if TYPE_CHECKING:  # roles bring torch with them; the worker itself does not need it
+    from rollmux.runtime.state import RoleState
 
 
 class PhaseNotGranted(RollMuxError):
