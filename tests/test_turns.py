@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollmux.core.errors import PhaseOrderError
-from rollmux.core.roundrobin import ROLLOUT, TRAIN, Seat, fcfs_order, timeline
+from rollmux.core.roundrobin import ROLLOUT, TRAIN, Seat, fcfs_order, steady_state, timeline
 from rollmux.core.turns import CyclicTurns, JobNodes
 from tests.test_roundrobin import single_pair_groups, spatial_groups
 
@@ -81,3 +81,63 @@ def test_membership_change_keeps_running_phases_and_progress():
     assert grown.holder == {0: "j0"}
     grown.finish("j0", ROLLOUT)
     assert grown.may_start("j1", ROLLOUT) and grown.may_start("j0", TRAIN)
+
+
+def replay_with_joins(seats: list[Seat], joins: list[float], cycles: int = 40) -> dict[int, list[float]]:
+    """Event-driven turns where seat i joins the group's turns at ``joins[i]`` (the group
+    is rebuilt at each join, as the control plane rebuilds it): training ends per seat."""
+    names = [f"j{i}" for i in range(len(seats))]
+    nodes = {n: JobNodes(s.rollout_nodes, s.train_nodes) for n, s in zip(names, seats, strict=False)}
+    pending = sorted(range(len(seats)), key=lambda i: joins[i])
+    active: list[int] = []
+    turns: CyclicTurns | None = None
+    ends: dict[int, list[float]] = {i: [] for i in range(len(seats))}
+    running: list[tuple[float, int, str]] = []
+    now = 0.0
+    horizon = max(joins) + cycles * sum(s.rollout_s + s.train_s for s in seats)
+    while now <= horizon:
+        while pending and joins[pending[0]] <= now:
+            active = sorted([*active, pending.pop(0)])
+            jobs = [names[i] for i in active]
+            turns = CyclicTurns.build(jobs, nodes, fcfs_order([seats[i] for i in active]), turns)
+        if turns is not None:
+            for job, phase in turns.startable():
+                turns.start(job, phase)
+                seat = int(job[1:])
+                length = seats[seat].rollout_s if phase == ROLLOUT else seats[seat].train_s
+                heapq.heappush(running, (now + length, seat, phase))
+        upcoming = [running[0][0]] if running else []
+        upcoming += [joins[pending[0]]] if pending else []
+        if not upcoming:
+            break
+        now = min(upcoming)
+        while running and running[0][0] == now:
+            _, seat, phase = heapq.heappop(running)
+            turns.finish(f"j{seat}", phase)
+            if phase == TRAIN:
+                ends[seat].append(now)
+    return ends
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(single_pair_groups(), spatial_groups()), st.data())
+def test_jobs_joining_a_running_group_reach_its_planned_periods(seats, data):
+    """Whenever each job joins (mid-phase of the others included), the group settles into
+    the steady state the simulator plans for all its jobs together."""
+    joins = [0.0] + [data.draw(st.floats(0.0, 3 * sum(s.solo_s for s in seats))) for _ in seats[1:]]
+    ends = replay_with_joins(seats, joins)
+    planned = steady_state(seats).periods
+    for seat, times in ends.items():
+        last = times[-10:]
+        assert math.isclose((last[-1] - last[0]) / (len(last) - 1), planned[seat], rel_tol=1e-6), (seat, joins)
+
+
+def test_a_job_joining_while_its_partner_trains_does_not_chain_their_phases():
+    """The case met on the live system: a pointer per node put the newcomer's training
+    before its partner's next one while its rollout came after, so every phase waited for
+    the other job's whole iteration."""
+    seats = [Seat(1.59, 1.32, (0,), (1,)), Seat(2.07, 0.80, (0,), (1,))]
+    ends = replay_with_joins(seats, [0.0, 2.55])
+    periods = [b - a for a, b in zip(ends[0][-5:], ends[0][-4:], strict=False)]
+    assert max(periods) < 1.59 + 2.07 + 0.5  # not 1.59 + 2.07 + 0.80 + 1.32 = 5.78
+    assert all(math.isclose(p, steady_state(seats).periods[0], rel_tol=1e-6) for p in periods)

@@ -294,6 +294,49 @@ def run(
 
 @app.command()
 @friendly_errors
+def replay(
+    trace: Annotated[Path, typer.Argument(help="Production trace, or RollMux .jsonl/.csv job trace")],
+    time_scale: Annotated[float, typer.Option(min=1.0, help="Trace seconds per wall second (K)")],
+    profile: Annotated[Path | None, typer.Option(help="Phase-time profile (needed for a production trace)")] = None,
+    slo_uniform: Annotated[tuple[float, float], typer.Option(help="Draw each job's SLO from U(LOW, HIGH)")] = (
+        1.2,
+        1.5,
+    ),
+    seed: Annotated[int, typer.Option(help="Seed of SLO draws")] = 0,
+    planning: Annotated[
+        Planning, typer.Option(help="Plan with the mean, a quantile or the worst case")
+    ] = DEFAULT_PLANNING,
+    regroup: Annotated[
+        bool, typer.Option("--regroup/--no-regroup", help="Let RollMux migrate running jobs when it pays")
+    ] = True,
+    hours: Annotated[
+        tuple[float, float] | None, typer.Option("--window", help="Replay only hours START to END of the trace")
+    ] = None,
+    mib_per_gb: Annotated[
+        float, typer.Option(min=0.0001, max=64, help="MiB of real tensors per GB of a role's resident memory")
+    ] = 1.0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write realised and simulated figures here")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the state and timeline.json")] = Path("out/replay"),
+) -> None:
+    """Replay a trace on the live system (control plane, local Ray, one emulated job per
+    trace job) in time divided by K, next to the simulator's run of the same trace."""
+    from rollmux.cli.replay import execute, write
+    from rollmux.runtime.replay import ReplayOptions, window
+
+    loaded = _load_trace(trace, profile, slo_uniform, seed)
+    if hours is not None:
+        if not 0 <= hours[0] < hours[1]:
+            raise ValueError(f"--window: {hours[0]} to {hours[1]} hours is not a window")
+        loaded = window(loaded, *hours)
+    report = execute(loaded, ReplayOptions(time_scale, mib_per_gb), out_dir, out, seed, planning, regroup)
+    if json_out:
+        write(report, json_out)
+        out.print(f"results: {json_out}")
+    out.print(f"timeline: {out_dir / 'timeline.json'} (open in ui.perfetto.dev)")
+
+
+@app.command()
+@friendly_errors
 def report(
     results: Annotated[Path, typer.Argument(help="JSON written by `rollmux simulate --json`")],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html and its pictures")] = Path("out/report"),

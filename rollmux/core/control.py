@@ -128,6 +128,8 @@ class Job:
     epoch: int = 0
     iteration: int = 0
     next_phase: str = ROLLOUT
+    cycles: int = 0
+    """Meta-iterations completed in its current group's turns (its place in their cycle)."""
     restarts: int = 0
     """Restarts charged to the job (its session was lost)."""
     launch: int = 0
@@ -161,8 +163,6 @@ class JobRecord:
 class NodeRecord:
     id: int
     pool: Pool
-    due: str | None
-    """The job whose turn is next on the node."""
 
 
 @dataclass(frozen=True)
@@ -355,6 +355,7 @@ class ControlState:
         self.turns[group.id].finish(name, phase)
         self._delta.phases.append(PhaseEntry(job.grant, now, timing, "released"))
         job.next_phase = TRAIN if phase == ROLLOUT else ROLLOUT
+        job.cycles = self.turns[group.id].cycles[name]
         if phase == TRAIN:
             job.iteration += 1
         job.grant, job.last_token = None, token
@@ -515,7 +516,6 @@ class ControlState:
             if job.state == PENDING:
                 state.queue.append(job.name)
         state.queue.sort(key=lambda n: (-state.jobs[n].priority, state.jobs[n].seq))
-        due = {n.id: n.due for g in snapshot.groups for n in g.nodes if n.due is not None}
         for group in cluster.groups.values():
             state._rebuild_turns(group)
             turns = state.turns.get(group.id)
@@ -526,7 +526,8 @@ class ControlState:
                     if job.grant is not None
                     for node in job.grant.nodes
                 }
-                turns.resume({name: state.jobs[name].next_phase for name in turns.jobs}, holders, due)
+                jobs = [state.jobs[name] for name in turns.jobs]
+                turns.resume({j.name: j.next_phase for j in jobs}, {j.name: j.cycles for j in jobs}, holders)
         return state
 
     # --- internals -----------------------------------------------------------------------
@@ -628,6 +629,7 @@ class ControlState:
         turns = CyclicTurns.build(jobs, nodes, fcfs_order(seats), self.turns.get(group.id))
         for name in jobs:
             turns.next_phase[name] = self.jobs[name].next_phase
+            self.jobs[name].cycles = turns.cycles[name]
         self.turns[group.id] = turns
 
     def _learn(self, job: Job, phase: str, busy_s: float) -> None:
@@ -660,14 +662,8 @@ class ControlState:
         group = self.cluster.groups.get(group_id)
         if group is None:
             return None
-        turns = self.turns.get(group_id)
-        nodes = tuple(
-            NodeRecord(
-                node, self.cluster.node_pool[node], turns.due(node) if turns and node in turns.sequence else None
-            )
-            for node in (*group.rollout_nodes, *group.train_nodes)
-        )
-        return GroupRecord(group_id, nodes)
+        held = (*group.rollout_nodes, *group.train_nodes)
+        return GroupRecord(group_id, tuple(NodeRecord(node, self.cluster.node_pool[node]) for node in held))
 
 
 def _close(measured: PhaseTime, known: PhaseTime, tolerance: float = PROFILE_TOLERANCE) -> bool:

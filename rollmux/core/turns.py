@@ -29,14 +29,26 @@ class JobNodes:
 
 @dataclass
 class CyclicTurns:
-    """Grants phases in the cyclic order of a group; built from the core's :class:`Order`."""
+    """Grants phases in the cyclic order of a group; built from the core's :class:`Order`.
+
+    Each node keeps its slots — (job, phase) — in the group's cyclic order, and each job
+    counts the meta-iterations (cycles) it completed in the group. A slot's count is the
+    number of times it was served: the job's cycles, plus one for its rollout once that is
+    done in the current cycle. A node serves the slot with the lowest count, the earliest
+    in its order among equals: every job once per cycle, in the group's order.
+
+    A job that joins a running group starts at the cycle of the least advanced rollout in
+    it. Its slots then line up with the others' on every node, as if all had started
+    together (a pointer kept per node would let a newcomer be due on a training node while
+    it is behind on its rollout node, and chain the group's phases one after another).
+    """
 
     jobs: list[str]
     nodes: dict[str, JobNodes]
-    sequence: dict[int, list[str]] = field(default_factory=dict)
-    position: dict[int, int] = field(default_factory=dict)
+    sequence: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
     holder: dict[int, str] = field(default_factory=dict)
     next_phase: dict[str, str] = field(default_factory=dict)
+    cycles: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def build(
@@ -49,27 +61,42 @@ class CyclicTurns:
             for seat in seat_order:
                 job = jobs[seat]
                 for node in nodes[job].of(phase):
-                    turns.sequence.setdefault(node, []).append(job)
+                    turns.sequence.setdefault(node, []).append((job, phase))
+        kept = [job for job in jobs if previous is not None and job in previous.cycles]
+        joining_at = min((previous.rollout_count(job) for job in kept), default=0) if previous else 0
         for job in jobs:
-            turns.next_phase[job] = previous.next_phase.get(job, ROLLOUT) if previous else ROLLOUT
-        for node, queue in turns.sequence.items():
-            turns.position[node] = 0
-            if previous is None:
-                continue
-            if node in previous.holder and previous.holder[node] in queue:
-                turns.holder[node] = previous.holder[node]
-                turns.position[node] = queue.index(previous.holder[node])
-            elif node in previous.sequence and previous.sequence[node]:
-                turns.position[node] = _resume_position(previous, node, queue)
+            if previous is not None and job in kept:
+                turns.next_phase[job] = previous.next_phase[job]
+                turns.cycles[job] = previous.cycles[job]
+            else:
+                turns.next_phase[job] = ROLLOUT
+                turns.cycles[job] = joining_at
+        if previous is not None:
+            turns.holder = {n: j for n, j in previous.holder.items() if n in turns.sequence and j in turns.cycles}
         return turns
+
+    def rollout_count(self, job: str) -> int:
+        """Rollouts the job completed in the group."""
+        return self.cycles[job] + (1 if self.next_phase[job] == TRAIN else 0)
+
+    def count(self, job: str, phase: str) -> int:
+        return self.rollout_count(job) if phase == ROLLOUT else self.cycles[job]
+
+    def due_slot(self, node: int) -> tuple[str, str]:
+        """The slot a node serves next: the lowest count, the earliest in its order."""
+        slots = self.sequence[node]
+        return min(slots, key=lambda slot: (self.count(*slot), slots.index(slot)))
+
+    def due(self, node: int) -> str:
+        """The job whose turn is next on ``node`` (the holder while it holds it)."""
+        return self.holder.get(node) or self.due_slot(node)[0]
 
     def may_start(self, job: str, phase: str) -> bool:
         """True when ``phase`` is the job's next phase and it is next on all its free nodes."""
         if self.next_phase.get(job) != phase:
             return False
         return all(
-            node not in self.holder and self.sequence[node][self.position[node]] == job
-            for node in self.nodes[job].of(phase)
+            node not in self.holder and self.due_slot(node) == (job, phase) for node in self.nodes[job].of(phase)
         )
 
     def start(self, job: str, phase: str) -> tuple[int, ...]:
@@ -85,40 +112,22 @@ class CyclicTurns:
             if self.holder.get(node) != job:
                 raise PhaseOrderError(f"{job} does not hold node {node} for {phase}")
             del self.holder[node]
-            self.position[node] = (self.position[node] + 1) % len(self.sequence[node])
-        self.next_phase[job] = TRAIN if phase == ROLLOUT else ROLLOUT
+        if phase == ROLLOUT:
+            self.next_phase[job] = TRAIN
+        else:
+            self.next_phase[job] = ROLLOUT
+            self.cycles[job] += 1
 
-    def due(self, node: int) -> str:
-        """The job whose turn is next on ``node`` (the holder while it holds it)."""
-        return self.sequence[node][self.position[node]]
-
-    def resume(self, next_phase: Mapping[str, str], holder: Mapping[int, str], due: Mapping[int, str]) -> None:
-        """Continue from persisted state: each job's next phase, each node's holder and the
-        job due next on each node. Unknown jobs are ignored (they left meanwhile)."""
+    def resume(self, next_phase: Mapping[str, str], cycles: Mapping[str, int], holder: Mapping[int, str]) -> None:
+        """Continue from persisted state: each job's next phase and cycles, each node's holder."""
         for job in self.jobs:
             self.next_phase[job] = next_phase.get(job, ROLLOUT)
-        for node, queue in self.sequence.items():
-            if holder.get(node) in queue:
-                self.holder[node] = holder[node]
-                self.position[node] = queue.index(holder[node])
-            elif due.get(node) in queue:
-                self.position[node] = queue.index(due[node])
+            self.cycles[job] = cycles.get(job, 0)
+        self.holder = {n: j for n, j in holder.items() if n in self.sequence and j in self.cycles}
 
     def startable(self) -> list[tuple[str, str]]:
         """Every (job, phase) that may start now, in seat order."""
         return [(job, self.next_phase[job]) for job in self.jobs if self.may_start(job, self.next_phase[job])]
-
-
-def _resume_position(previous: CyclicTurns, node: int, queue: list[str]) -> int:
-    """After a membership change, continue with the first job that was due on ``node``
-    and is still in the queue."""
-    old = previous.sequence[node]
-    start = previous.position.get(node, 0)
-    for k in range(len(old)):
-        job = old[(start + k) % len(old)]
-        if job in queue:
-            return queue.index(job)
-    return 0
 
 
 @dataclass(frozen=True)

@@ -129,11 +129,14 @@ def _collect(client: Client, names: list[str], views: dict[str, dict[str, Any]],
         result.histories[name] = client.request("GET", f"/v1/jobs/{name}/metrics")
         if views[name]["state"] == FAILED:
             result.errors[name] = views[name]["reason"]
-        log = client.request("GET", f"/v1/jobs/{name}/phases")
-        result.phase_log += log
-        result.records += [_record(entry) for entry in log if entry["outcome"] == "released"]
-    result.records.sort(key=lambda r: r.granted)
+        result.phase_log += client.request("GET", f"/v1/jobs/{name}/phases")
+    result.records = phase_records(result.phase_log)
     return result
+
+
+def phase_records(log: list[dict[str, Any]]) -> list[PhaseRecord]:
+    """The released phases of a phase log as the timeline draws them, in grant order."""
+    return sorted((_record(entry) for entry in log if entry["outcome"] == "released"), key=lambda r: r.granted)
 
 
 def _record(entry: dict[str, Any]) -> PhaseRecord:

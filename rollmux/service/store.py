@@ -35,7 +35,7 @@ from rollmux.core.control import (
 from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import JobSpec, Pool
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class StoreError(RollMuxError):
@@ -69,6 +69,7 @@ class JobRow(Base):
     epoch: Mapped[int] = mapped_column(Integer, default=0)
     iteration: Mapped[int] = mapped_column(Integer, default=0)
     next_phase: Mapped[str] = mapped_column(String(16), default="rollout")
+    cycles: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     launch: Mapped[int] = mapped_column(Integer, default=0)
     grant: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -84,7 +85,6 @@ class NodeRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     pool: Mapped[str] = mapped_column(String(16))
     group_id: Mapped[int] = mapped_column(Integer, index=True)
-    due: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class GroupRow(Base):
@@ -213,7 +213,7 @@ class Store:
             jobs = [_record(row) for row in live]
             nodes: dict[int, list[NodeRecord]] = {}
             for row in session.scalars(select(NodeRow).order_by(NodeRow.id)):
-                nodes.setdefault(row.group_id, []).append(NodeRecord(row.id, Pool(row.pool), row.due))
+                nodes.setdefault(row.group_id, []).append(NodeRecord(row.id, Pool(row.pool)))
             groups = [GroupRecord(g.id, tuple(nodes.get(g.id, ()))) for g in session.scalars(select(GroupRow))]
             counters = {row.name: row.value for row in session.scalars(select(CounterRow))}
         return Snapshot(jobs, groups, counters)
@@ -344,7 +344,7 @@ def _apply(session: Session, delta: Delta) -> None:
             session.execute(delete(GroupRow).where(GroupRow.id.in_(gone)))
         kept = [group for group in delta.groups.values() if group is not None]
         _upsert(session, GroupRow.__table__, [{"id": g.id} for g in kept], ("id",))
-        nodes = [{"id": n.id, "pool": n.pool.value, "group_id": g.id, "due": n.due} for g in kept for n in g.nodes]
+        nodes = [{"id": n.id, "pool": n.pool.value, "group_id": g.id} for g in kept for n in g.nodes]
         if nodes:
             session.execute(NodeRow.__table__.insert(), nodes)
     counters = [{"name": name, "value": value} for name, value in delta.counters.items()]
@@ -404,6 +404,7 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "epoch": job.epoch,
         "iteration": job.iteration,
         "next_phase": job.next_phase,
+        "cycles": job.cycles,
         "restarts": job.restarts,
         "launch": job.launch,
         "grant": json.dumps(_grant_dict(job.grant)) if job.grant else None,
@@ -454,6 +455,7 @@ def _record(row: JobRow) -> JobRecord:
         epoch=row.epoch,
         iteration=row.iteration,
         next_phase=row.next_phase,
+        cycles=row.cycles,
         restarts=row.restarts,
         launch=row.launch,
         grant=grant,

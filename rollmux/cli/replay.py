@@ -1,0 +1,115 @@
+"""``rollmux replay``: a trace on the live system, next to the simulator's run of it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollmux.core.regroup import RegroupConfig
+from rollmux.core.spec import CostModel, Planning, Pool
+from rollmux.inputs.trace import Trace
+from rollmux.report.timeline import chrome_trace
+from rollmux.runtime import replay
+from rollmux.runtime.launch import phase_records, start_ray
+from rollmux.service.client import Client
+from rollmux.service.server import ServeOptions, Service
+from rollmux.sim.compare import compare
+
+HEADROOM = 1.2
+"""Nodes the local Ray offers over the simulator's peak: the live system must never be the
+one that waits for capacity the simulation had."""
+COMPARED = ("cost_usd", "cost_usd_per_hour", "cost_node_hours", "slo_attainment", "mean_slowdown", "p99_slowdown")
+
+
+def execute(
+    trace: Trace,
+    options: replay.ReplayOptions,
+    out: Path,
+    console: Console,
+    seed: int,
+    planning: Planning,
+    regroup: bool,
+) -> dict[str, Any]:
+    """Simulate the trace, replay it live, and write both side by side."""
+    simulated = compare(trace, ["rollmux"], seed=seed, planning=planning, regroup=RegroupConfig() if regroup else None)
+    sim = simulated.results["rollmux"]
+    summary = sim.summary()
+    rollout = math.ceil(summary["rollout_peak_nodes"] * HEADROOM) + 1
+    train = math.ceil(summary["train_peak_nodes"] * HEADROOM) + 1
+    start_ray(rollout_nodes=rollout, train_nodes=train)
+    usable_gb = max(CostModel().usable_dram_gb(pool) for pool in Pool)
+    service = Service(
+        ServeOptions(
+            port=0,
+            state_dir=out / "state",
+            policy="rollmux",
+            host_memory_gb=usable_gb * options.mib_per_gb / 1024,
+            rollout_nodes=rollout,
+            train_nodes=train,
+        )
+    ).start()
+    try:
+        client = Client(service.url, service.token)
+        hours = trace.end / 3600
+        with Progress(
+            TextColumn("replay"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+        ) as progress:
+            task = progress.add_task("", total=hours)
+
+            def show(trace_s: float, cluster: dict[str, Any]) -> None:
+                jobs = cluster["jobs"]
+                progress.update(
+                    task,
+                    completed=trace_s / 3600,
+                    description=f"{trace_s / 3600:,.1f}/{hours:,.1f} h, {jobs['running']} running, "
+                    f"{cluster['queued']} queued, nodes {cluster['nodes']['rollout']}+{cluster['nodes']['train']}, "
+                    f"${cluster['cost_usd_per_hour']:,.0f}/h",
+                )
+
+            log = replay.run(client, trace, options, on_progress=show)
+            progress.update(task, completed=hours)
+    finally:
+        service.stop()
+    realised = replay.realised(trace, log, options)
+    report = {
+        "time_scale": options.time_scale,
+        "mib_per_gb": options.mib_per_gb,
+        "wall_s": log.ended - log.began,
+        "jobs": len(trace.jobs),
+        "trace_hours": hours,
+        "realised": realised,
+        "simulated": {**summary, "cost_rate": sim.cost_rate},
+        "agreement": {
+            f"{key}_realised_over_simulated": realised[key] / summary[key] if summary[key] else None for key in COMPARED
+        },
+        "overlaps": replay.overlaps(log.phase_log),
+        "capacity": {"rollout": rollout, "train": train},
+    }
+    records = phase_records(log.phase_log)
+    if records:
+        chrome_trace(records, out / "timeline.json")
+    console.print(agreement_table(report))
+    return report
+
+
+def agreement_table(report: dict[str, Any]) -> Table:
+    title = f"replay of {report['jobs']} jobs, {report['trace_hours']:,.1f} h at 1/{report['time_scale']:g}"
+    table = Table(title=title)
+    for column in ("figure", "realised", "simulated", "realised / simulated"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for key in COMPARED:
+        real, sim = report["realised"][key], report["simulated"][key]
+        table.add_row(key, f"{real:,.3f}", f"{sim:,.3f}", f"{real / sim:.3f}" if sim else "-")
+    table.add_row("overlaps", str(len(report["overlaps"])), "0", "")
+    return table
+
+
+def write(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))

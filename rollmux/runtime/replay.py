@@ -1,0 +1,241 @@
+"""Replay a trace on the live system: the one control plane, a local Ray cluster, and one
+emulated job per trace job, in time divided by ``time_scale``.
+
+Each trace job is submitted at its (scaled) arrival as an emulated job (phases that wait
+their scaled phase time from grant to release, roles holding real tensors of the job's
+resident memory scaled down) and cancelled at its departure. What the live system did is
+read back from the control plane — the node log (cost), the phase log (iteration periods,
+overlaps), the job events — and measured in trace time, so it can stand next to the
+simulator's run of the same trace.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
+from rollmux.inputs.trace import Trace, TraceJob
+from rollmux.service.client import Client
+
+EMULATED = "rollmux.jobs.emulated:EmulatedJob.from_context"
+FOREVER = 10_000_000
+"""Iterations of an emulated job: it runs until its departure cancels it."""
+SLO_TOLERANCE = 0.02
+"""A realised period within 2 % of the SLO counts as within it (timer and switching jitter)."""
+HOUR = 3600.0
+CHANGES = frozenset({"running", "lost", "done", "failed", "cancelled"})
+"""Job events that change their group's turns."""
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    time_scale: float
+    mib_per_gb: float = 1.0
+    """Each role holds this many MiB of real tensors per GB of the job's resident memory."""
+    max_restarts: int = 3
+
+
+def window(trace: Trace, start_h: float, end_h: float) -> Trace:
+    """The jobs alive in [start_h, end_h) hours, clipped to it, in time from its start."""
+    start, end = start_h * HOUR, end_h * HOUR
+    jobs = tuple(
+        TraceJob(job.spec, max(job.arrival, start) - start, min(job.departure, end) - start)
+        for job in trace.jobs
+        if job.arrival < end and job.departure > start
+    )
+    return Trace(jobs, trace.start)
+
+
+def scaled(phase: PhaseTime, scale: float) -> PhaseTime:
+    return PhaseTime(phase.mean / scale, None if phase.high is None else phase.high / scale, phase.high_quantile)
+
+
+def submission(job: JobSpec, options: ReplayOptions) -> dict[str, Any]:
+    """The trace job as an emulated job for the control plane, its times scaled."""
+    k = options.time_scale
+    rollout, train = scaled(job.rollout, k), scaled(job.train, k)
+    spec: dict[str, Any] = {
+        "name": job.name,
+        "rollout_s": rollout.mean,
+        "train_s": train.mean,
+        "rollout_p99_s": rollout.high,
+        "train_p99_s": train.high,
+        "rollout_width": job.rollout_width,
+        "train_width": job.train_width,
+        "rollout_mem_gb": job.rollout_mem_gb,
+        "train_mem_gb": job.train_mem_gb,
+        "slo": job.slo,
+        "entrypoint": EMULATED,
+        "iterations": FOREVER,
+        "max_restarts": options.max_restarts,
+        "args": {
+            "rollout_s": rollout.mean,
+            "train_s": train.mean,
+            "rollout_mib": job.rollout_mem_gb * options.mib_per_gb,
+            "train_mib": job.train_mem_gb * options.mib_per_gb,
+        },
+    }
+    if job.colocated is not None:
+        spec["colo_rollout_s"] = job.colocated[0].mean / k
+        spec["colo_train_s"] = job.colocated[1].mean / k
+    return spec
+
+
+@dataclass
+class ReplayLog:
+    """What the control plane recorded, with the wall time the replay started."""
+
+    began: float
+    ended: float
+    node_log: list[dict[str, Any]] = field(default_factory=list)
+    phase_log: list[dict[str, Any]] = field(default_factory=list)
+    events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    views: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def run(
+    client: Client,
+    trace: Trace,
+    options: ReplayOptions,
+    on_progress: Callable[[float, dict[str, Any]], None] | None = None,
+    tick_s: float = 1.0,
+) -> ReplayLog:
+    """Submit each job at its scaled arrival, cancel it at its departure, then read back."""
+    happenings = sorted(
+        [(job.arrival, 1, job) for job in trace.jobs] + [(job.departure, 0, job) for job in trace.jobs],
+        key=lambda e: (e[0], e[1]),
+    )
+    began = time.time()
+    shown = 0.0
+    for at, arriving, job in happenings:
+        due = began + at / options.time_scale
+        while (pause := due - time.time()) > 0:
+            time.sleep(min(pause, tick_s))
+            if on_progress and time.time() - shown >= tick_s:
+                shown = time.time()
+                on_progress((shown - began) * options.time_scale, client.request("GET", "/v1/cluster"))
+        if arriving:
+            client.request("POST", "/v1/jobs", json=submission(job.spec, options))
+        else:
+            client.request("DELETE", f"/v1/jobs/{job.spec.name}")
+    log = ReplayLog(began, time.time())
+    names = [job.spec.name for job in trace.jobs]
+    log.node_log = _pages(client, "/v1/nodes/log")
+    log.phase_log = client.phase_log()
+    log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
+    log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
+    return log
+
+
+def _pages(client: Client, path: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    while page := client.request("GET", path, params={"after": found[-1]["id"] if found else -1, "limit": 10_000}):
+        found += page
+    return found
+
+
+def realised(trace: Trace, log: ReplayLog, options: ReplayOptions, cost: CostModel | None = None) -> dict[str, Any]:
+    """The live run's figures in trace time, in the simulator's terms."""
+    cost = cost or CostModel()
+    k = options.time_scale
+    held = _node_seconds(log, k)
+    cost_usd = sum(seconds / HOUR * cost.price(pool) for (_, pool), seconds in held.items())
+    slowdowns, attainment, judged = _slowdowns(trace, log, k)
+    values = sorted(slowdowns.values())
+    span_h = (log.ended - log.began) * k / HOUR
+    return {
+        "cost_usd": cost_usd,
+        "cost_usd_per_hour": cost_usd / span_h if span_h else 0.0,
+        "cost_node_hours": sum(held.values()) / HOUR,
+        **{f"{pool.value}_node_hours": sum(s for (_, p), s in held.items() if p is pool) / HOUR for pool in Pool},
+        "slo_attainment": attainment,
+        "judged_job_hours": judged / HOUR,
+        "mean_slowdown": statistics.fmean(values) if values else float("nan"),
+        "p99_slowdown": values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan"),
+        "max_slowdown": values[-1] if values else float("nan"),
+        "slowdowns": slowdowns,
+        "restarts": sum(v["restarts"] for v in log.views.values()),
+        "cost_rate": _cost_rate(log, k, cost),
+    }
+
+
+def overlaps(phase_log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Instants with two jobs on one node in the phase log (none, if all went well)."""
+    by_node: dict[int, list[tuple[float, float, str]]] = {}
+    for entry in phase_log:
+        for node in entry["nodes"]:
+            by_node.setdefault(node, []).append((entry["granted_at"], entry["ended_at"], entry["job"]))
+    found = []
+    for node, spans in by_node.items():
+        spans.sort()
+        for (_, end, job), (later, _, other) in zip(spans, spans[1:], strict=False):
+            if later < end - 1e-6:
+                found.append({"node": node, "jobs": [job, other], "at": later, "seconds": end - later})
+    return found
+
+
+def _node_seconds(log: ReplayLog, k: float) -> dict[tuple[int, Pool], float]:
+    """Trace seconds each node was held."""
+    taken: dict[int, float] = {}
+    held: dict[tuple[int, Pool], float] = {}
+    for entry in log.node_log:
+        key = (entry["node"], Pool(entry["pool"]))
+        if entry["held"]:
+            taken[entry["node"]] = entry["at"]
+        elif entry["node"] in taken:
+            held[key] = held.get(key, 0.0) + (entry["at"] - taken.pop(entry["node"])) * k
+    for entry in log.node_log:
+        if entry["held"] and entry["node"] in taken:
+            key = (entry["node"], Pool(entry["pool"]))
+            held[key] = held.get(key, 0.0) + (log.ended - taken.pop(entry["node"])) * k
+    return held
+
+
+def _cost_rate(log: ReplayLog, k: float, cost: CostModel) -> list[tuple[float, float]]:
+    """(trace hours, $/h) at every change of the nodes held."""
+    rate, points = 0.0, [(0.0, 0.0)]
+    for entry in log.node_log:
+        price = cost.price(Pool(entry["pool"]))
+        rate += price if entry["held"] else -price
+        points.append(((entry["at"] - log.began) * k / HOUR, max(rate, 0.0)))
+    return points
+
+
+def _slowdowns(trace: Trace, log: ReplayLog, k: float) -> tuple[dict[str, float], float, float]:
+    """Each job's mean realised slowdown, and the share of judged job-time within SLO.
+
+    A job's iteration period is the time between two of its training releases, in trace
+    time. A period is judged when no change of turns falls in it or in the period before
+    it — a trace event, or a job joining or leaving its group's turns (it joins once its
+    roles are loaded, a moment after its arrival): the round-robin's start-up transient
+    after a change is left out, as the simulator's steady state leaves it out, and so is
+    the job's first iteration (its cold start).
+    """
+    changes = {(e["at"] - log.began) * k for events in log.events.values() for e in events if e["kind"] in CHANGES}
+    boundaries = sorted({job.arrival for job in trace.jobs} | {job.departure for job in trace.jobs} | changes)
+    ends: dict[str, list[float]] = {}
+    for entry in log.phase_log:
+        if entry["phase"] == "train" and entry["outcome"] == "released":
+            ends.setdefault(entry["job"], []).append((entry["ended_at"] - log.began) * k)
+    slowdowns: dict[str, float] = {}
+    within = judged = 0.0
+    for job in trace.jobs:
+        spec, times = job.spec, sorted(ends.get(job.spec.name, []))
+        solo = spec.solo_iteration()
+        periods = [
+            times[i] - times[i - 1]
+            for i in range(2, len(times))
+            if bisect.bisect_right(boundaries, times[i - 2]) == bisect.bisect_right(boundaries, times[i])
+        ]
+        if not periods:
+            continue
+        slowdowns[spec.name] = statistics.fmean(periods) / solo
+        for period in periods:
+            judged += period
+            within += period if period <= spec.slo * solo * (1 + SLO_TOLERANCE) else 0.0
+    return slowdowns, (within / judged if judged else float("nan")), judged
