@@ -165,13 +165,27 @@ def test_a_job_wider_than_the_cluster_is_refused_at_once():
 
 
 def test_measured_phases_replace_the_estimates_in_the_core():
+    """What a phase holds its nodes for, grant to release, is what the schedule must plan."""
     state = control()
     epochs = running(state, "a")
-    for phase, busy in (("rollout", 0.25), ("train", 0.5)):
-        grant = state.acquire("a", phase, epochs["a"], 0.0)
-        state.release("a", phase, epochs["a"], grant.token, PhaseTiming(busy), 1.0)
+    now = 0.0
+    for phase, held in (("rollout", 0.25), ("train", 0.5)):
+        grant = state.acquire("a", phase, epochs["a"], now)
+        now += held
+        state.release("a", phase, epochs["a"], grant.token, PhaseTiming(busy_s=held / 2), now)
     seated = state.seat("a").job
     assert seated.rollout.mean == pytest.approx(0.25) and seated.train.mean == pytest.approx(0.5)
+
+
+def test_a_measured_profile_close_to_the_planned_one_changes_nothing():
+    state = control()
+    epochs = running(state, "a")
+    now = 0.0
+    for phase, held in (("rollout", 1.02), ("train", 0.99)):
+        grant = state.acquire("a", phase, epochs["a"], now)
+        now += held
+        state.release("a", phase, epochs["a"], grant.token, PhaseTiming(held), now)
+    assert state.seat("a").job == spec("a")
 
 
 def persisted(state: ControlState, store: Store) -> None:

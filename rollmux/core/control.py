@@ -351,7 +351,7 @@ class ControlState:
         if job.grant.token != token:
             raise StaleEpoch(f"job {name}: grant {token} is not the one it holds ({job.grant.token})")
         group = self.cluster.group_of(name)
-        freed = job.grant.nodes
+        freed, granted_at = job.grant.nodes, job.grant.granted_at
         self.turns[group.id].finish(name, phase)
         self._delta.phases.append(PhaseEntry(job.grant, now, timing, "released"))
         job.next_phase = TRAIN if phase == ROLLOUT else ROLLOUT
@@ -361,7 +361,7 @@ class ControlState:
         job.grant, job.last_token = None, token
         self._touch(job)
         self._touch_group(group.id)
-        self._learn(job, phase, timing.busy_s)
+        self._learn(job, phase, now - granted_at)
         turns = self.turns[group.id]
         self._grant_due(group, now, {turns.due(node) for node in freed})
 
@@ -632,10 +632,12 @@ class ControlState:
             self.jobs[name].cycles = turns.cycles[name]
         self.turns[group.id] = turns
 
-    def _learn(self, job: Job, phase: str, busy_s: float) -> None:
-        """Feed measured phase durations back into the job's profile in the core."""
+    def _learn(self, job: Job, phase: str, held_s: float) -> None:
+        """Feed measured phase durations back into the job's profile in the core: how long
+        the phase held its nodes, grant to release (its switching included, as the
+        schedule must count it)."""
         window = self.measured.setdefault((job.name, phase), [])
-        window.append(busy_s)
+        window.append(held_s)
         del window[:-PROFILE_WINDOW]
         times = [self.measured.get((job.name, p), []) for p in (ROLLOUT, TRAIN)]
         if phase != TRAIN or not all(times):
