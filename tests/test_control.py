@@ -23,6 +23,7 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch
 from rollmux.core.placement import make_policy
+from rollmux.core.regroup import ConfigCache, RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime
 from rollmux.service.store import Store
 
@@ -211,8 +212,9 @@ def test_a_restart_keeps_the_held_grant_so_no_one_else_gets_the_node(tmp_path):
 
 
 class Scenario(RuleBasedStateMachine):
-    """Random sessions, phases, lost leases, restarts, departures and control-plane crashes
-    on one group of three jobs; every change persisted as the service persists it."""
+    """Random sessions, phases, lost leases, restarts, departures, regroupings (moves carried
+    out at random moments) and control-plane crashes on five jobs in two groups; every
+    change persisted as the service persists it."""
 
     def __init__(self):
         super().__init__()
@@ -221,8 +223,8 @@ class Scenario(RuleBasedStateMachine):
         self.state = control()
         self.now = 0.0
         self.tokens: list[int] = []
-        for name in ("a", "b", "c"):
-            self.state.submit(spec(name), {}, self.now)
+        for name in "abcde":
+            self.state.submit(spec(name, slo=1.6), {}, self.now)
         self.persist()
 
     def teardown(self):
@@ -288,11 +290,24 @@ class Scenario(RuleBasedStateMachine):
         self.persist()
 
     @rule()
+    def regroup(self):
+        self.state.regroup(RegroupConfig(), ConfigCache(), self.now)
+        self.persist()
+
+    @precondition(lambda self: self.state.movable())
+    @rule(data=st.data())
+    def carry_move(self, data):
+        name = data.draw(st.sampled_from(self.state.movable()))
+        job = self.state.job(name)
+        assert self.state.finish_move(name, job.epoch, job.move.decided_at, 0, self.now)
+        self.persist()
+
+    @rule()
     def crash_and_restore(self):
-        before = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration) for n, j in self.state.jobs.items()}
+        before = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration, j.move) for n, j in self.state.jobs.items()}
         dues = {g: {n: t.due(n) for n in t.sequence} for g, t in self.state.turns.items()}
         self.state = restored(self.store, self.now)
-        after = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration) for n, j in self.state.jobs.items()}
+        after = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration, j.move) for n, j in self.state.jobs.items()}
         assert after == before
         assert {g: {n: t.due(n) for n in t.sequence} for g, t in self.state.turns.items()} == dues
 
@@ -312,9 +327,17 @@ class Scenario(RuleBasedStateMachine):
     @invariant()
     def no_waiting_job_could_start(self):
         for name, job in self.state.jobs.items():
-            if job.request is not None and job.grant is None:
+            if job.request is not None and job.grant is None and job.move is None:
                 turns = self.state.turns[self.state.cluster.group_of(name).id]
                 assert not turns.may_start(name, job.request[0]), f"{name} waits for a turn it could take"
+
+    @invariant()
+    def each_job_in_one_group_and_paid_nodes_logged(self):
+        seated = [m.job.name for g in self.state.cluster.groups.values() for m in g.members]
+        assert len(seated) == len(set(seated))
+        for name in self.state.moving():
+            origin = {n for n, _ in self.state.job(name).move.origin}
+            assert origin <= set(self.state.cluster.node_pool) | set(self.state.draining())
 
     @invariant()
     def tokens_only_grow(self):

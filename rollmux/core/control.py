@@ -8,7 +8,10 @@ order, and :meth:`ControlState.restore` rebuilds the same state from it.
 
 A job's life: ``pending`` (queued until the cluster has room) → ``placed`` (seated in a
 group) → ``starting`` (a session began: a new epoch and a lease) → ``running`` (in its
-group's turns) → ``done`` | ``failed`` | ``cancelled``. A session whose lease is not
+group's turns) → ``done`` | ``failed`` | ``cancelled``. A running job may be *moved* to
+another group (regrouping, or the SLO guard): its seat changes at once, it finishes the
+phase it holds on its old nodes, leaves its old group's turns at that phase boundary, and
+joins the new group's turns once the service has carried its state over (:class:`Move`). A session whose lease is not
 renewed within ``lease_s`` is ``lost``: its grant is revoked, it leaves the turns and the
 rest of its group goes on; a new session (the next epoch) brings it back. Every grant
 carries the job's epoch and a fencing token that grows with every grant, so calls from an
@@ -17,6 +20,7 @@ expired incarnation are refused here and by the workers.
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
@@ -25,6 +29,7 @@ from typing import Any
 from rollmux.core.cluster import Candidate, Cluster, Group, Member, Removal
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch, UnknownJob
 from rollmux.core.placement import Policy, check_residency
+from rollmux.core.regroup import ConfigCache, RegroupConfig, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
@@ -36,6 +41,8 @@ ENDED_STATES = (DONE, FAILED, CANCELLED)
 SESSION_STATES = (STARTING, RUNNING)
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
+SLO_TOLERANCE = 0.02
+"""The SLO guard acts on a planned slowdown beyond the SLO by more than this share."""
 PROFILE_TOLERANCE = 0.05
 """A re-estimated profile replaces the planned one only when its mean or high quantile
 moved by more than this share."""
@@ -111,6 +118,45 @@ class MetricsEntry:
     values: dict[str, float]
 
 
+@dataclass(frozen=True)
+class Move:
+    """A running job on its way to a new seat (already its seat in the cluster).
+
+    The old nodes keep the job's state until the service has copied it to the new ones;
+    those no one else holds are *draining*: still paid, not offered to anyone.
+    """
+
+    origin: tuple[tuple[int, Pool], ...]
+    """The nodes of the seat it leaves: rollout nodes, then training nodes."""
+    rollout_from: tuple[int, ...]
+    train_from: tuple[int, ...]
+    decided_at: float
+    reason: str
+    ready_at: float | None = None
+    """When it reached a phase boundary (no grant held): from then on it only waits for its state."""
+
+
+@dataclass(frozen=True)
+class MoveEntry:
+    """One carried-out (or abandoned) move, for the migrations log."""
+
+    job: str
+    epoch: int
+    reason: str
+    origin: tuple[int, ...]
+    target: tuple[int, ...]
+    decided_at: float
+    ready_at: float
+    done_at: float
+    moved_bytes: int
+    outcome: str
+
+    @property
+    def pause_s(self) -> float:
+        """Time the job could not run because of the move: boundary reached to state landed."""
+        return self.done_at - self.ready_at
+
+
 @dataclass
 class Job:
     """A live job as the control plane tracks it."""
@@ -146,6 +192,12 @@ class Job:
     """Cost of the placements it already left; :meth:`ControlState.cost_so_far` adds the current one."""
     last_seat: tuple[int, tuple[int, ...], tuple[int, ...], bool] | None = None
     """Group, rollout and training nodes, co-located flag of its last seat (kept once it left)."""
+    move: Move | None = None
+
+    @property
+    def in_turns(self) -> bool:
+        """Running in its group's turns (a moving job is not, until its state has landed)."""
+        return self.state == RUNNING and self.move is None
 
 
 @dataclass(frozen=True)
@@ -183,11 +235,14 @@ class Delta:
     events: list[EventEntry] = field(default_factory=list)
     metrics: list[MetricsEntry] = field(default_factory=list)
     nodes: list[NodeEntry] = field(default_factory=list)
+    moves: list[MoveEntry] = field(default_factory=list)
     wake: set[str] = field(default_factory=set)
     """Jobs granted a phase they were waiting for: wake them once this is durable."""
+    movable: set[str] = field(default_factory=set)
+    """Moving jobs that reached a phase boundary: carry their state over once this is durable."""
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.groups or self.phases or self.events or self.metrics or self.nodes)
+        return bool(self.jobs or self.groups or self.phases or self.events or self.metrics or self.nodes or self.moves)
 
 
 @dataclass(frozen=True)
@@ -350,6 +405,9 @@ class ControlState:
             raise PhaseOrderError(f"job {name} released {phase} without holding it")
         if job.grant.token != token:
             raise StaleEpoch(f"job {name}: grant {token} is not the one it holds ({job.grant.token})")
+        if job.move is not None:
+            self._release_moving(job, timing, now)
+            return
         group = self.cluster.group_of(name)
         freed, granted_at = job.grant.nodes, job.grant.granted_at
         self.turns[group.id].finish(name, phase)
@@ -420,6 +478,171 @@ class ControlState:
         """The job's own driver ends it (done, or failed with ``error``): fenced by epoch."""
         self._session(name, epoch, now)
         return self.end(name, state, now, error)
+
+    # --- moving running jobs --------------------------------------------------------------
+
+    def regroup(self, config: RegroupConfig, cache: ConfigCache, now: float) -> list[str]:
+        """Run the core's regrouping (the simulator's very code) on the running jobs and
+        start the moves it decides. Only when every seated job is running and none is
+        moving: a job still loading its roles cannot be moved. Returns the jobs moved."""
+        if self.moving() or any(not self.jobs[j.name].in_turns for j in self.cluster.jobs()):
+            return []
+        plan = plan_regroup(self.cluster, config, cache)
+        if plan is None:
+            return []
+        origins = {job.name: self._origin(job.name) for job in plan.moved}
+        left = {self.cluster.job_group[name] for name in origins}
+        before = dict(self.cluster.node_pool)
+        apply_regroup(self.cluster, plan)
+        self._start_moves(origins, before, left, now, "regroup")
+        return list(origins)
+
+    def guard(self, now: float) -> list[str]:
+        """The SLO guard: in a group whose schedule, with measured phase times, breaks a
+        member's SLO, the member with the longest iteration (the one stretching the others
+        most) is placed anew, as an arriving job would be, and moved there. Returns the
+        jobs moved (at most one per group and call: the next call sees the new schedule)."""
+        moved = []
+        for group in list(self.cluster.groups.values()):
+            slowdowns = group.slowdowns()
+            worst = max(slowdowns[m.job.name] / m.job.slo for m in group.members)
+            if worst <= 1 + SLO_TOLERANCE or len(group.members) < 2:
+                continue
+            if any(not self.jobs[m.job.name].in_turns for m in group.members):
+                continue
+            spec = max((m.job for m in group.members), key=lambda job: job.solo_iteration())
+            name = spec.name
+            trial = copy.deepcopy(self.cluster)
+            trial.remove(name)
+            candidate = self.policy.choose(trial, spec)
+            short = self._shortfall(candidate)
+            if short:
+                self.explain(name, f"its group breaks an SLO (slowdown {worst:.2f}× the SLO); {short}")
+                continue
+            origins = {name: self._origin(name)}
+            before = dict(self.cluster.node_pool)
+            self.cluster.remove(name)
+            self.cluster.commit(candidate)
+            self._start_moves(origins, before, {group.id}, now, f"slo guard: group at {worst:.2f}× an SLO")
+            moved.append(name)
+        return moved
+
+    def moving(self) -> list[str]:
+        return [j.name for j in self.jobs.values() if j.move is not None]
+
+    def movable(self) -> list[str]:
+        """Moving jobs at a phase boundary: their state can be carried over now."""
+        return [j.name for j in self.jobs.values() if j.move is not None and j.move.ready_at is not None]
+
+    def draining(self) -> dict[int, Pool]:
+        """Nodes no group holds any more that still keep a moving job's state."""
+        return {
+            node: pool
+            for job in self.jobs.values()
+            if job.move is not None
+            for node, pool in job.move.origin
+            if node not in self.cluster.node_pool
+        }
+
+    def finish_move(self, name: str, epoch: int, decided_at: float, moved_bytes: int, now: float) -> bool:
+        """The job's state is on its new nodes: it joins its new group's turns. False if
+        that move is no longer the job's (it was lost, ended or restarted meanwhile)."""
+        job = self.jobs.get(name)
+        if job is None or job.move is None or job.epoch != epoch or job.move.decided_at != decided_at:
+            return False
+        if job.move.ready_at is None:
+            raise PhaseOrderError(f"job {name} still holds its {job.grant.phase if job.grant else ''} grant")
+        self._close_move(job, moved_bytes, "moved", now)
+        group = self.cluster.group_of(name)
+        self._rebuild_turns(group)
+        self._grant_due(group, now)
+        return True
+
+    def _origin(self, name: str) -> Move:
+        seat = self.seat(name)
+        assert seat is not None
+        nodes = dict.fromkeys((*seat.rollout_nodes, *seat.train_nodes))
+        origin = tuple((n, self.cluster.node_pool[n]) for n in nodes)
+        return Move(origin, seat.rollout_nodes, seat.train_nodes, 0.0, "")
+
+    def _start_moves(
+        self, origins: dict[str, Move], before: dict[int, Pool], left: set[int], now: float, reason: str
+    ) -> None:
+        """Book-keeping of a changed seating: new nodes are paid from now, old nodes once no
+        moving job's state is left on them; turns rebuilt; jobs at a boundary may go."""
+        added = tuple((n, p) for n, p in self.cluster.node_pool.items() if n not in before)
+        keeping = {n for origin in origins.values() for n, _ in origin.origin}
+        keeping |= set(self.draining())
+        gone = tuple((n, p) for n, p in before.items() if n not in self.cluster.node_pool and n not in keeping)
+        self._nodes_changed(added, now, held=True)
+        self._nodes_changed(gone, now, held=False)
+        for name, origin in origins.items():
+            job = self.jobs[name]
+            job.move = replace(origin, decided_at=now, reason=reason, ready_at=None if job.grant else now)
+            self._touch(job)
+            group = self.cluster.group_of(name)
+            self._event(name, now, "moving", f"to group {group.id} ({reason})")
+            if job.grant is None:
+                self._delta.movable.add(name)
+        for group_id in left - set(self.cluster.groups):
+            self.turns.pop(group_id, None)
+            self._touch_group(group_id)
+        for group_id in (left | {self.cluster.job_group[name] for name in origins}) & set(self.cluster.groups):
+            group = self.cluster.groups[group_id]
+            self._rebuild_turns(group)
+            self._grant_due(group, now)
+
+    def _release_moving(self, job: Job, timing: PhaseTiming, now: float) -> None:
+        """A moving job hands back the phase it held on its old nodes: its boundary."""
+        grant = job.grant
+        assert grant is not None and job.move is not None
+        self._delta.phases.append(PhaseEntry(grant, now, timing, "released"))
+        job.next_phase = TRAIN if grant.phase == ROLLOUT else ROLLOUT
+        if grant.phase == TRAIN:
+            job.iteration += 1
+        job.grant, job.last_token = None, grant.token
+        job.move = replace(job.move, ready_at=now)
+        self._touch(job)
+        self._unhold(job.name, grant.nodes, now)
+        self._delta.movable.add(job.name)
+
+    def _unhold(self, name: str, nodes: tuple[int, ...], now: float) -> None:
+        """Free nodes a moving job held in the turns of a group it left."""
+        for group_id, turns in self.turns.items():
+            freed = [n for n in nodes if turns.holder.get(n) == name]
+            for node in freed:
+                del turns.holder[node]
+            if freed:
+                self._touch_group(group_id)
+                self._grant_due(self.cluster.groups[group_id], now, {turns.due(n) for n in freed})
+
+    def _close_move(self, job: Job, moved_bytes: int, outcome: str, now: float, why: str = "") -> None:
+        """End the job's move (carried out, or abandoned): log it; release old nodes no one
+        holds and no other move still needs."""
+        move = job.move
+        assert move is not None
+        job.move = None
+        seat = self.seat(job.name)
+        target = (*seat.rollout_nodes, *seat.train_nodes) if seat else ()
+        ready = move.ready_at if move.ready_at is not None else now
+        entry = MoveEntry(
+            job.name,
+            job.epoch,
+            move.reason,
+            tuple(n for n, _ in move.origin),
+            tuple(dict.fromkeys(target)),
+            move.decided_at,
+            ready,
+            now,
+            moved_bytes,
+            outcome,
+        )
+        self._delta.moves.append(entry)
+        still = self.draining()
+        gone = tuple((n, p) for n, p in move.origin if n not in self.cluster.node_pool and n not in still)
+        self._nodes_changed(gone, now, held=False)
+        self._touch(job)
+        self._event(job.name, now, outcome, why or f"pause {entry.pause_s:.3f} s, {moved_bytes} bytes")
 
     # --- views ---------------------------------------------------------------------------
 
@@ -516,6 +739,7 @@ class ControlState:
             if job.state == PENDING:
                 state.queue.append(job.name)
         state.queue.sort(key=lambda n: (-state.jobs[n].priority, state.jobs[n].seq))
+        cycles = {name: job.cycles for name, job in state.jobs.items()}  # rebuilding turns resets them
         for group in cluster.groups.values():
             state._rebuild_turns(group)
             turns = state.turns.get(group.id)
@@ -527,7 +751,10 @@ class ControlState:
                     for node in job.grant.nodes
                 }
                 jobs = [state.jobs[name] for name in turns.jobs]
-                turns.resume({j.name: j.next_phase for j in jobs}, {j.name: j.cycles for j in jobs}, holders)
+                turns.resume({j.name: j.next_phase for j in jobs}, {j.name: cycles[j.name] for j in jobs}, holders)
+                for job in jobs:
+                    job.cycles = cycles[job.name]
+                state._hold_for_movers(turns)
         return state
 
     # --- internals -----------------------------------------------------------------------
@@ -551,11 +778,13 @@ class ControlState:
 
     def _shortfall(self, candidate: Candidate) -> str:
         """Why the candidate does not fit the cluster's capacity now ('' if it does)."""
+        draining = self.draining()
         for pool in Pool:
             limit = self.capacity.limit(pool)
             adds = sum(1 for _, p in candidate.new_nodes if p is pool)
-            if limit is not None and adds and self.cluster.nodes(pool) + adds > limit:
-                return f"waiting for {adds} free {pool.value} node(s): {self.cluster.nodes(pool)} of {limit} are in use"
+            used = self.cluster.nodes(pool) + sum(1 for p in draining.values() if p is pool)
+            if limit is not None and adds and used + adds > limit:
+                return f"waiting for {adds} free {pool.value} node(s): {used} of {limit} are in use"
         return ""
 
     def _unseat(self, job: Job, now: float, state: str) -> Removal:
@@ -582,7 +811,10 @@ class ControlState:
             self._event(job.name, now, "revoked", f"{job.grant.phase} grant {job.grant.token}: {why}")
             job.grant = None
         job.request = None
-        was_running = job.state == RUNNING
+        was_running = job.in_turns
+        if job.move is not None:
+            self._unhold(job.name, tuple(n for n, _ in job.move.origin), now)
+            self._close_move(job, 0, "abandoned", now, why)
         job.state = state
         self._touch(job)
         if was_running:
@@ -619,7 +851,7 @@ class ControlState:
     def _rebuild_turns(self, group: Group) -> None:
         """Turns of the group's running jobs in the core's FCFS cyclic order."""
         self._touch_group(group.id)
-        active = [m for m in group.members if self.jobs[m.job.name].state == RUNNING]
+        active = [m for m in group.members if self.jobs[m.job.name].in_turns]
         if not active:
             self.turns.pop(group.id, None)
             return
@@ -630,7 +862,16 @@ class ControlState:
         for name in jobs:
             turns.next_phase[name] = self.jobs[name].next_phase
             self.jobs[name].cycles = turns.cycles[name]
+        self._hold_for_movers(turns)
         self.turns[group.id] = turns
+
+    def _hold_for_movers(self, turns: CyclicTurns) -> None:
+        """Nodes of the group that a job moving away still holds stay its until it releases."""
+        for job in self.jobs.values():
+            if job.move is not None and job.grant is not None:
+                for node in job.grant.nodes:
+                    if node in turns.sequence:
+                        turns.holder[node] = job.name
 
     def _learn(self, job: Job, phase: str, held_s: float) -> None:
         """Feed measured phase durations back into the job's profile in the core: how long

@@ -28,6 +28,8 @@ from rollmux.core.control import (
     GroupRecord,
     Job,
     JobRecord,
+    Move,
+    MoveEntry,
     NodeRecord,
     PhaseEntry,
     Snapshot,
@@ -35,7 +37,7 @@ from rollmux.core.control import (
 from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import JobSpec, Pool
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class StoreError(RollMuxError):
@@ -78,6 +80,7 @@ class JobRow(Base):
     placed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    move: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class NodeRow(Base):
@@ -137,6 +140,24 @@ class NodeLogRow(Base):
     pool: Mapped[str] = mapped_column(String(16))
     at: Mapped[float] = mapped_column(Float)
     held: Mapped[int] = mapped_column(Integer)
+
+
+class MoveRow(Base):
+    """One move of a running job between groups, with the pause it cost the job."""
+
+    __tablename__ = "moves"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(String(128), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)
+    origin: Mapped[str] = mapped_column(Text)
+    target: Mapped[str] = mapped_column(Text)
+    decided_at: Mapped[float] = mapped_column(Float)
+    ready_at: Mapped[float] = mapped_column(Float)
+    done_at: Mapped[float] = mapped_column(Float)
+    pause_s: Mapped[float] = mapped_column(Float)
+    moved_bytes: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16))
 
 
 class CounterRow(Base):
@@ -279,6 +300,30 @@ class Store:
                 for r in session.scalars(query)
             ]
 
+    def moves(self, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
+        """The moves of running jobs, in the order they ended (after id ``after``)."""
+        with self.sessions() as session:
+            query = select(MoveRow).where(MoveRow.id > after).order_by(MoveRow.id)
+            if limit is not None:
+                query = query.limit(limit)
+            return [
+                {
+                    "id": r.id,
+                    "job": r.job,
+                    "epoch": r.epoch,
+                    "reason": r.reason,
+                    "origin": json.loads(r.origin),
+                    "target": json.loads(r.target),
+                    "decided_at": r.decided_at,
+                    "ready_at": r.ready_at,
+                    "done_at": r.done_at,
+                    "pause_s": r.pause_s,
+                    "moved_bytes": r.moved_bytes,
+                    "outcome": r.outcome,
+                }
+                for r in session.scalars(query)
+            ]
+
     def events(self, job: str) -> list[dict[str, Any]]:
         with self.sessions() as session:
             rows = session.scalars(select(EventRow).where(EventRow.job == job).order_by(EventRow.id))
@@ -300,6 +345,7 @@ def _merge(deltas: Sequence[Delta]) -> Delta:
         merged.events += delta.events
         merged.metrics += delta.metrics
         merged.nodes += delta.nodes
+        merged.moves += delta.moves
     return merged
 
 
@@ -357,9 +403,56 @@ def _apply(session: Session, delta: Delta) -> None:
     if delta.nodes:
         nodes = [{"node": n.node, "pool": n.pool.value, "at": n.at, "held": int(n.held)} for n in delta.nodes]
         session.execute(NodeLogRow.__table__.insert(), nodes)
+    if delta.moves:
+        session.execute(MoveRow.__table__.insert(), [_move_row(entry) for entry in delta.moves])
     latest = {(m.job, m.iteration): m for m in delta.metrics}
     metrics = [{"job": m.job, "iteration": m.iteration, "values": json.dumps(m.values)} for m in latest.values()]
     _upsert(session, MetricsRow.__table__, metrics, ("job", "iteration"))
+
+
+def _move_row(entry: MoveEntry) -> dict[str, Any]:
+    return {
+        "job": entry.job,
+        "epoch": entry.epoch,
+        "reason": entry.reason[:2000],
+        "origin": json.dumps(list(entry.origin)),
+        "target": json.dumps(list(entry.target)),
+        "decided_at": entry.decided_at,
+        "ready_at": entry.ready_at,
+        "done_at": entry.done_at,
+        "pause_s": entry.pause_s,
+        "moved_bytes": entry.moved_bytes,
+        "outcome": entry.outcome,
+    }
+
+
+def _move_json(move: Move | None) -> str | None:
+    if move is None:
+        return None
+    return json.dumps(
+        {
+            "origin": [[n, p.value] for n, p in move.origin],
+            "rollout_from": list(move.rollout_from),
+            "train_from": list(move.train_from),
+            "decided_at": move.decided_at,
+            "reason": move.reason,
+            "ready_at": move.ready_at,
+        }
+    )
+
+
+def _move(text: str | None) -> Move | None:
+    if not text:
+        return None
+    m = json.loads(text)
+    return Move(
+        tuple((n, Pool(p)) for n, p in m["origin"]),
+        tuple(m["rollout_from"]),
+        tuple(m["train_from"]),
+        m["decided_at"],
+        m["reason"],
+        m["ready_at"],
+    )
 
 
 def _phase_row(entry: PhaseEntry) -> dict[str, Any]:
@@ -413,6 +506,7 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "placed_at": job.placed_at,
         "ended_at": job.ended_at,
         "cost_usd": job.cost_usd,
+        "move": _move_json(job.move),
     }
 
 
@@ -463,6 +557,7 @@ def _record(row: JobRow) -> JobRecord:
         placed_at=row.placed_at,
         ended_at=row.ended_at,
         cost_usd=row.cost_usd,
+        move=_move(row.move),
     )
     return JobRecord(
         job,

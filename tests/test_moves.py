@@ -1,0 +1,148 @@
+"""Moving running jobs (regrouping and the SLO guard) in the control plane's state machine:
+a moving job finishes the phase it holds on its old nodes, nobody else is granted them
+meanwhile, old nodes stay paid until its state has landed, and the move survives a restart."""
+
+from __future__ import annotations
+
+from rollmux.core.control import DONE, RUNNING, ControlState, PhaseTiming
+from rollmux.core.regroup import ConfigCache, RegroupConfig
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime, Pool
+from rollmux.service.store import Store
+from tests.test_control import control
+
+SLO = 1.6
+"""Three jobs of 1 s + 1 s phases fit a group (slowdown 1.5), four do not (2.0)."""
+
+
+def spec(name: str, rollout: float = 1.0, train: float = 1.0) -> JobSpec:
+    return JobSpec(name, PhaseTime.fixed(rollout), PhaseTime.fixed(train), slo=SLO)
+
+
+def start(state: ControlState, names: str, now: float = 0.0) -> dict[str, int]:
+    epochs = {}
+    for name in names:
+        state.submit(spec(name), {}, now)
+    for name in names:
+        epochs[name] = state.begin_session(name, now).epoch
+        state.activate(name, epochs[name], 0, now)
+    return epochs
+
+
+def half_empty() -> tuple[ControlState, dict[str, int]]:
+    """Two groups of three, then two jobs of one group and one of the other leave: a, d, f
+    are left on four nodes where two would do."""
+    state = control()
+    epochs = start(state, "abcdef")
+    assert len(state.cluster.groups) == 2
+    for name in "bce":
+        state.end(name, DONE, 1.0)
+    return state, epochs
+
+
+def held_nodes(state: ControlState) -> set[int]:
+    """Nodes paid for now, by the node log so far."""
+    held: set[int] = set()
+    for entry in state.drain().nodes:
+        (held.add if entry.held else held.discard)(entry.node)
+    return held
+
+
+def test_regrouping_moves_jobs_at_their_phase_boundary_and_keeps_their_old_nodes_until_then():
+    state, epochs = half_empty()
+    grant = state.acquire("a", "rollout", epochs["a"], 2.0)
+    old_nodes = set(grant.nodes)
+    state.drain()
+    moved = state.regroup(RegroupConfig(), ConfigCache(), 3.0)
+    assert sorted(moved) == ["a", "d", "f"], "the three left over share one new group"
+    delta = state.drain()
+    assert "a" not in delta.movable, "a holds a grant: it moves at its phase boundary"
+    assert delta.movable == set(moved) - {"a"}
+    released = {n.node for n in delta.nodes if not n.held}
+    assert not released & old_nodes, "a's old nodes keep its state: still paid"
+    assert state.movable() == sorted(set(moved) - {"a"}, key=list(state.jobs).index)
+    for name in state.movable():
+        assert state.acquire(name, "rollout", epochs[name], 3.5) is None, "no grant before its state has landed"
+    state.release("a", "rollout", epochs["a"], grant.token, PhaseTiming(1.0), 4.0)
+    assert "a" in state.drain().movable
+    for name in moved:
+        move = state.jobs[name].move
+        assert state.finish_move(name, epochs[name], move.decided_at, 1024, 5.0)
+    delta = state.drain()
+    assert {m.job for m in delta.moves} == set(moved)
+    assert all(m.pause_s >= 0 and m.outcome == "moved" for m in delta.moves)
+    assert old_nodes <= {n.node for n in delta.nodes if not n.held}, "old nodes given back once a's state landed"
+    assert len(state.cluster.groups) == 1
+    a = state.acquire("a", "train", epochs["a"], 5.0)
+    seat = state.seat("a")
+    assert a is not None and a.nodes == seat.train_nodes and not set(a.nodes) & old_nodes
+
+
+def test_the_nodes_a_moving_job_still_holds_are_nobody_elses():
+    state, epochs = half_empty()
+    grant = state.acquire("d", "rollout", epochs["d"], 2.0)
+    state.regroup(RegroupConfig(), ConfigCache(), 3.0)
+    state.finish_move("f", epochs["f"], state.jobs["f"].move.decided_at, 0, 3.5)
+    for turns in state.turns.values():
+        assert all(turns.holder.get(n) in (None, "d") for n in grant.nodes)
+    assert state.acquire("f", "rollout", epochs["f"], 3.5) is not None, "f goes on in its new group"
+    assert not set(state.jobs["f"].grant.nodes) & set(grant.nodes)
+
+
+def test_a_move_survives_a_restart_of_the_control_plane(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    state, epochs = half_empty()
+    store.apply([state.drain()])
+    grant = state.acquire("a", "rollout", epochs["a"], 2.0)
+    moved = state.regroup(RegroupConfig(), ConfigCache(), 3.0)
+    store.apply([state.drain()])
+    again = ControlState.restore(store.load(), CostModel(), DEFAULT_PLANNING, state.policy, 10.0)
+    assert again.moving() == state.moving() and sorted(again.moving()) == sorted(moved)
+    assert again.draining() == state.draining()
+    assert again.jobs["a"].grant == grant
+    again.release("a", "rollout", epochs["a"], grant.token, PhaseTiming(1.0), 11.0)
+    for name in moved:
+        assert again.finish_move(name, epochs[name], again.jobs[name].move.decided_at, 0, 12.0)
+    assert again.moving() == [] and again.draining() == {}
+    assert all(again.jobs[name].in_turns for name in moved)
+
+
+def test_a_job_lost_while_moving_abandons_its_move_and_frees_its_old_nodes():
+    state, epochs = half_empty()
+    state.acquire("a", "rollout", epochs["a"], 2.0)
+    state.regroup(RegroupConfig(), ConfigCache(), 3.0)
+    state.drain()
+    state.lose("a", 4.0, "lease expired")
+    delta = state.drain()
+    assert state.jobs["a"].move is None
+    assert [m.outcome for m in delta.moves] == ["abandoned"]
+    assert not state.finish_move("a", epochs["a"], 3.0, 0, 5.0), "a late transfer of an abandoned move is ignored"
+
+
+def test_the_slo_guard_moves_the_job_whose_measured_phases_break_the_group():
+    state = control()
+    epochs = start(state, "abc")
+    assert len(state.cluster.groups) == 1
+    now = 1.0
+    for _ in range(3):  # c's phases take twice their estimate
+        for name in "abc":
+            for phase, planned in (("rollout", 1.0), ("train", 1.0)):
+                grant = state.acquire(name, phase, epochs[name], now)
+                assert grant is not None
+                held = planned * (2 if name == "c" else 1)
+                now += held
+                state.release(name, phase, epochs[name], grant.token, PhaseTiming(held), now)
+    assert state.jobs["c"].spec.rollout.mean == 2.0
+    moved = state.guard(now)
+    assert moved == ["c"]
+    state.finish_move("c", epochs["c"], state.jobs["c"].move.decided_at, 0, now + 0.1)
+    assert all(s <= SLO * 1.02 for g in state.cluster.groups.values() for s in g.slowdowns().values())
+    assert all(state.jobs[n].state == RUNNING and state.jobs[n].in_turns for n in "abc")
+    assert state.guard(now + 1) == []
+
+
+def test_moves_keep_the_pools_of_their_nodes():
+    state, _ = half_empty()
+    state.regroup(RegroupConfig(), ConfigCache(), 3.0)
+    for name in state.moving():
+        move = state.jobs[name].move
+        assert {p for n, p in move.origin if n in move.rollout_from} == {Pool.ROLLOUT}
