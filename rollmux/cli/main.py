@@ -338,10 +338,12 @@ def replay(
 @app.command()
 @friendly_errors
 def report(
-    results: Annotated[Path, typer.Argument(help="JSON written by `rollmux simulate --json`")],
+    results: Annotated[
+        Path, typer.Argument(help="JSON written by `rollmux simulate --json` or `rollmux replay --json`")
+    ],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html and its pictures")] = Path("out/report"),
 ) -> None:
-    """Render an HTML report (and PNGs) of a simulation's results."""
+    """Render an HTML report (and PNGs) of a simulation's or a replay's results."""
     from rollmux.report.html import render
 
     out.print(f"report: {render(results, out_dir)}")
@@ -376,8 +378,15 @@ def serve(
     advertise_url: Annotated[
         str | None, typer.Option(help="URL job drivers use to reach this service (default: from host and port)")
     ] = None,
+    regroup: Annotated[
+        bool, typer.Option("--regroup/--no-regroup", help="Move running jobs when a re-placement pays for its move")
+    ] = True,
+    slo_guard: Annotated[
+        bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
+    ] = True,
 ) -> None:
     """Run the control plane: places jobs, runs their drivers on Ray, grants their phases."""
+    from rollmux.core.regroup import RegroupConfig
     from rollmux.core.spec import Pool
     from rollmux.service.server import DEFAULT_STATE_DIR, ServeOptions, Service
 
@@ -396,6 +405,8 @@ def serve(
         host_memory_gb=host_memory_gb,
         gpus_per_node={Pool.ROLLOUT: rollout_gpus, Pool.TRAIN: train_gpus},
         advertise_url=advertise_url,
+        regroup=RegroupConfig() if regroup else None,
+        slo_guard=slo_guard,
     )
     service = Service(options)
     err.print(f"RollMux control plane on {service.url} — token in {options.state_dir / 'token'}", highlight=False)

@@ -14,6 +14,7 @@ from rich.table import Table
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import CostModel, Planning, Pool
 from rollmux.inputs.trace import Trace
+from rollmux.report.html import replay_cost_plot
 from rollmux.report.timeline import chrome_trace
 from rollmux.runtime import replay
 from rollmux.runtime.launch import phase_records, start_ray
@@ -52,6 +53,7 @@ def execute(
             host_memory_gb=usable_gb * options.mib_per_gb / 1024,
             rollout_nodes=rollout,
             train_nodes=train,
+            regroup=scaled_regroup(options.time_scale) if regroup else None,
         )
     ).start()
     try:
@@ -94,8 +96,21 @@ def execute(
     records = phase_records(log.phase_log)
     if records:
         chrome_trace(records, out / "timeline.json")
+    replay_cost_plot(report, out / "cost-rate.png")
     console.print(agreement_table(report))
     return report
+
+
+def scaled_regroup(time_scale: float) -> RegroupConfig:
+    """The simulator's regrouping with its times divided by the time scale: the live
+    control plane, whose phases are ``time_scale`` times shorter, decides the same moves."""
+    default = RegroupConfig()
+    return RegroupConfig(
+        s_per_gb=default.s_per_gb / time_scale,
+        pause_s=default.pause_s / time_scale,
+        horizon_s=default.horizon_s / time_scale,
+        max_group=default.max_group,
+    )
 
 
 def agreement_table(report: dict[str, Any]) -> Table:

@@ -29,7 +29,7 @@ from typing import Any
 from rollmux.core.cluster import Candidate, Cluster, Group, Member, Removal
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch, UnknownJob
 from rollmux.core.placement import Policy, check_residency
-from rollmux.core.regroup import ConfigCache, RegroupConfig, apply_regroup, plan_regroup
+from rollmux.core.regroup import ConfigCache, RegroupConfig, RegroupPlan, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
@@ -481,15 +481,24 @@ class ControlState:
 
     # --- moving running jobs --------------------------------------------------------------
 
-    def regroup(self, config: RegroupConfig, cache: ConfigCache, now: float) -> list[str]:
-        """Run the core's regrouping (the simulator's very code) on the running jobs and
-        start the moves it decides. Only when every seated job is running and none is
-        moving: a job still loading its roles cannot be moved. Returns the jobs moved."""
-        if self.moving() or any(not self.jobs[j.name].in_turns for j in self.cluster.jobs()):
-            return []
-        plan = plan_regroup(self.cluster, config, cache)
+    def regroup(self, config: RegroupConfig, cache: ConfigCache, now: float) -> list[str] | None:
+        """Run the core's regrouping (the simulator's very code) and start the moves it
+        decides; the jobs moved, or None when it cannot run now (see :meth:`settled`)."""
+        if not self.settled():
+            return None
+        return self.start_regroup(plan_regroup(self.cluster, config, cache), now)
+
+    def settled(self) -> bool:
+        """Every seated job is running in its turns and none is moving: a job still loading
+        its roles, or already on its way, cannot be moved."""
+        return all(self.jobs[job.name].in_turns for job in self.cluster.jobs())
+
+    def start_regroup(self, plan: RegroupPlan | None, now: float) -> list[str]:
+        """Start the moves of a regrouping planned on this very seating."""
         if plan is None:
             return []
+        if not self.settled():
+            raise PhaseOrderError("regrouping needs every seated job running and none moving")
         origins = {job.name: self._origin(job.name) for job in plan.moved}
         left = {self.cluster.job_group[name] for name in origins}
         before = dict(self.cluster.node_pool)
@@ -497,16 +506,26 @@ class ControlState:
         self._start_moves(origins, before, left, now, "regroup")
         return list(origins)
 
+    def seating(self) -> frozenset[tuple[int, tuple[str, ...]]]:
+        """Which jobs sit in which group: a plan made on a copy applies if this is unchanged."""
+        return frozenset((g.id, tuple(m.job.name for m in g.members)) for g in self.cluster.groups.values())
+
     def guard(self, now: float) -> list[str]:
         """The SLO guard: in a group whose schedule, with measured phase times, breaks a
-        member's SLO, the member with the longest iteration (the one stretching the others
+        member's SLO (its planned period beyond SLO × its own phases planned alike: the
+        spread of a job's own phases is not its partners' doing, and moving cannot cure
+        it), the member with the longest iteration (the one stretching the others
         most) is placed anew, as an arriving job would be, and moved there. Returns the
         jobs moved (at most one per group and call: the next call sees the new schedule)."""
         moved = []
         for group in list(self.cluster.groups.values()):
-            slowdowns = group.slowdowns()
-            worst = max(slowdowns[m.job.name] / m.job.slo for m in group.members)
-            if worst <= 1 + SLO_TOLERANCE or len(group.members) < 2:
+            if len(group.members) < 2:
+                continue
+            worst = max(
+                period / (m.job.slo * m.seat(self.cluster.planning).solo_s)
+                for m, period in zip(group.members, group.schedule.periods, strict=True)
+            )
+            if worst <= 1 + SLO_TOLERANCE:
                 continue
             if any(not self.jobs[m.job.name].in_turns for m in group.members):
                 continue

@@ -1,6 +1,8 @@
 """``rollmux report RESULTS.json``: one HTML page (and its PNGs) for a cluster owner.
 
-Reads the JSON that ``rollmux simulate --json`` writes and draws: cost rate over time per
+Reads the JSON that ``rollmux replay --json`` writes (the live system next to the
+simulator: realised and simulated cost rate on one plot, the agreement, every move and its
+pause) or the JSON that ``rollmux simulate --json`` writes, and draws for the latter: cost rate over time per
 policy, nodes per pool over time, busy fraction per pool, the CDF of slowdowns against
 SLOs, and the Gantt chart of one group's meta-iterations. Every number on the page comes
 from the file.
@@ -130,10 +132,65 @@ def _summary_table(data: dict[str, Any]) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+def is_replay(data: Any) -> bool:
+    return isinstance(data, dict) and "realised" in data and "simulated" in data
+
+
+def replay_cost_plot(data: dict[str, Any], path: Path) -> Path:
+    """Realised (live) and simulated cost rate of one replay on one plot."""
+    series = {"realised (live)": data["realised"]["cost_rate"], "simulated": data["simulated"]["cost_rate"]}
+    title = f"Replay of {data['jobs']} jobs at 1/{data['time_scale']:g} time: live system against simulator"
+    return cost_rate_plot(series, path, title)
+
+
+def _replay_tables(data: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(key.removesuffix('_realised_over_simulated'))}</td>"
+        f"<td>{data['realised'][key.removesuffix('_realised_over_simulated')]:,.4g}</td>"
+        f"<td>{data['simulated'][key.removesuffix('_realised_over_simulated')]:,.4g}</td>"
+        f"<td>{value:,.3f}</td></tr>"
+        for key, value in data["agreement"].items()
+        if value is not None
+    )
+    moves = "".join(
+        f"<tr><td>{html.escape(m['job'])}</td><td>{html.escape(m['reason'])}</td><td>{m['at_h']:,.2f}</td>"
+        f"<td>{m['pause_s']:,.1f}</td><td>{html.escape(m['outcome'])}</td></tr>"
+        for m in data["realised"].get("moves", [])
+    )
+    return (
+        "<table><tr><th>figure</th><th>realised</th><th>simulated</th><th>realised / simulated</th></tr>"
+        f"{rows}<tr><td>overlaps</td><td>{len(data['overlaps'])}</td><td>0</td><td></td></tr></table>"
+        "<h2>Moves of running jobs</h2><table><tr><th>job</th><th>why</th><th>trace hour</th>"
+        f"<th>pause (trace s)</th><th>outcome</th></tr>{moves}</table>"
+    )
+
+
+def _render_replay(data: dict[str, Any], source: Path, out_dir: Path) -> str:
+    picture = replay_cost_plot(data, out_dir / "cost-rate.png")
+    return (
+        f"<h1>RollMux replay: {html.escape(source.name)}</h1>{_replay_tables(data)}"
+        f"<h2>Cost rate, live and simulated</h2><img src='{picture.name}' alt='cost rate'>"
+    )
+
+
 def render(results: Path, out_dir: Path) -> Path:
     """Write index.html and its pictures into ``out_dir``; returns the page's path."""
-    data = load_results(results)
+    data = read_json(results)
     out_dir.mkdir(parents=True, exist_ok=True)
+    body = _render_replay(data, Path(results), out_dir) if is_replay(data) else _render_simulation(results, out_dir)
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>RollMux report</title>"
+        "<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto}img{max-width:100%}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
+        f"</head><body>{body}</body></html>"
+    )
+    index = out_dir / "index.html"
+    index.write_text(page)
+    return index
+
+
+def _render_simulation(results: Path, out_dir: Path) -> str:
+    data = load_results(results)
     pictures = [
         ("Cost rate over time", cost_rate_plot(data["cost_rate"], out_dir / "cost-rate.png", "Cost rate per policy")),
         ("Nodes per pool over time", nodes_plot(data, out_dir / "nodes.png")),
@@ -146,13 +203,4 @@ def render(results: Path, out_dir: Path) -> Path:
         for title, picture in pictures
         if picture is not None
     )
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>RollMux report</title>"
-        "<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto}img{max-width:100%}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
-        f"</head><body><h1>RollMux report: {html.escape(Path(results).name)}</h1>{_summary_table(data)}{figures}"
-        "</body></html>"
-    )
-    index = out_dir / "index.html"
-    index.write_text(page)
-    return index
+    return f"<h1>RollMux report: {html.escape(Path(results).name)}</h1>{_summary_table(data)}{figures}"

@@ -28,7 +28,7 @@ FOREVER = 10_000_000
 SLO_TOLERANCE = 0.02
 """A realised period within 2 % of the SLO counts as within it (timer and switching jitter)."""
 HOUR = 3600.0
-CHANGES = frozenset({"running", "lost", "done", "failed", "cancelled"})
+CHANGES = frozenset({"running", "moved", "lost", "done", "failed", "cancelled"})
 """Job events that change their group's turns."""
 
 
@@ -96,6 +96,7 @@ class ReplayLog:
     phase_log: list[dict[str, Any]] = field(default_factory=list)
     events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     views: dict[str, dict[str, Any]] = field(default_factory=dict)
+    moves: list[dict[str, Any]] = field(default_factory=list)
 
 
 def run(
@@ -126,6 +127,7 @@ def run(
     log = ReplayLog(began, time.time())
     names = [job.spec.name for job in trace.jobs]
     log.node_log = _pages(client, "/v1/nodes/log")
+    log.moves = _pages(client, "/v1/moves")
     log.phase_log = client.phase_log()
     log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
     log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
@@ -161,6 +163,31 @@ def realised(trace: Trace, log: ReplayLog, options: ReplayOptions, cost: CostMod
         "slowdowns": slowdowns,
         "restarts": sum(v["restarts"] for v in log.views.values()),
         "cost_rate": _cost_rate(log, k, cost),
+        **_migrations(log, k),
+    }
+
+
+def _migrations(log: ReplayLog, k: float) -> dict[str, Any]:
+    """Moves of running jobs and the pauses they cost, in trace time (every one listed)."""
+    moves = log.moves
+    pauses = [m["pause_s"] * k for m in moves if m["outcome"] == "moved"]
+    return {
+        "migrations": len(pauses),
+        "migrations_abandoned": len(moves) - len(pauses),
+        "migration_pause_s_total": sum(pauses),
+        "migration_pause_s_max": max(pauses, default=0.0),
+        "migration_moved_mib": sum(m["moved_bytes"] for m in moves) / 2**20,
+        "moves": [
+            {
+                "job": m["job"],
+                "reason": m["reason"],
+                "at_h": (m["decided_at"] - log.began) * k / HOUR,
+                "pause_s": m["pause_s"] * k,
+                "outcome": m["outcome"],
+                "moved_bytes": m["moved_bytes"],
+            }
+            for m in moves
+        ],
     }
 
 
@@ -197,12 +224,13 @@ def _node_seconds(log: ReplayLog, k: float) -> dict[tuple[int, Pool], float]:
 
 
 def _cost_rate(log: ReplayLog, k: float, cost: CostModel) -> list[tuple[float, float]]:
-    """(trace hours, $/h) at every change of the nodes held."""
+    """(trace seconds, $/h) at every change of the nodes held, as the simulator records it."""
     rate, points = 0.0, [(0.0, 0.0)]
     for entry in log.node_log:
         price = cost.price(Pool(entry["pool"]))
         rate += price if entry["held"] else -price
-        points.append(((entry["at"] - log.began) * k / HOUR, max(rate, 0.0)))
+        points.append(((entry["at"] - log.began) * k, max(rate, 0.0)))
+    points.append(((log.ended - log.began) * k, max(rate, 0.0)))
     return points
 
 

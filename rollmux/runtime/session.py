@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
+from rollmux.runtime.nodes import worker_of
 from rollmux.service.client import Grant, TurnSession
 
 PHASES = (ROLLOUT, TRAIN)
@@ -47,7 +48,13 @@ class Session:
         return self.turns.iteration
 
     def workers_of(self, phase: str) -> list[Any]:
-        return [self.workers[n] for n in (self.rollout_nodes if phase == ROLLOUT else self.train_nodes)]
+        """The workers of the job's nodes for ``phase``, where it sits now."""
+        return [self._worker(n) for n in (self.rollout_nodes if phase == ROLLOUT else self.train_nodes)]
+
+    def _worker(self, node: int) -> Any:
+        if node not in self.workers:
+            self.workers[node] = worker_of(node)
+        return self.workers[node]
 
     def enter(self, phase: str) -> None:
         if phase not in PHASES:
@@ -57,6 +64,8 @@ class Session:
         grant = self.turns.acquire(phase)
         self._granted = time.perf_counter()
         self.grant = grant
+        if grant.rollout_nodes or grant.train_nodes:  # the job may have moved since its last phase
+            self.rollout_nodes, self.train_nodes = grant.rollout_nodes, grant.train_nodes
         wakes = [w.wake.remote(self.job, self.epoch, grant.token) for w in self.workers_of(phase)]
         self._wake_s = max(ray.get(wakes))
         self._started = time.perf_counter()

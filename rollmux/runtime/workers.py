@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import ray
 
 from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch
+from rollmux.service.failpoints import failpoint
 
 if TYPE_CHECKING:  # roles bring torch with them; the worker itself does not need it
     from rollmux.runtime.state import RoleState
@@ -78,6 +79,38 @@ class PoolWorker:
             if self.awake == job:
                 self.awake = None
         return {"cold_s": time.perf_counter() - start, "host_bytes": float(needed)}
+
+    def export(self, job: str, epoch: int) -> tuple[Role, tuple[int, dict] | None]:
+        """The job's sleeping role and its undelivered weights, for the worker of its new
+        node (a move). The role stays here until the move is complete."""
+        self._check_epoch(job, epoch, exact=True)
+        failpoint("move:export")
+        role = self._role(job)
+        if role.state.awake:
+            raise PhaseNotGranted(f"{job} is awake on node {self.node_id}: it moves between phases only")
+        return role, self.pending_weights.get(job)
+
+    def adopt(self, job: str, epoch: int, source: ray.actor.ActorHandle) -> int:
+        """Take the job's role over from the worker of its old node, worker to worker (the
+        driver is not involved); returns the bytes moved (0: it was already here)."""
+        self._check_epoch(job, epoch)
+        if self.epochs.get(job) == epoch and job in self.roles:
+            return 0
+        role, pending = ray.get(source.export.remote(job, epoch))
+        needed = role.state.host_bytes()
+        with self.accounting:
+            self._check_epoch(job, epoch)
+            used = sum(r.state.host_bytes() for j, r in self.roles.items() if j != job)
+            if used + needed > self.host_limit_bytes:
+                raise ResidencyExceeded(
+                    f"node {self.node_id} ({self.pool}): {job} moving in needs {needed / 2**20:.1f} MiB of host "
+                    f"memory, {(self.host_limit_bytes - used) / 2**20:.1f} MiB left"
+                )
+            self.epochs[job] = epoch
+            self.roles[job] = role
+            if pending is not None:
+                self.pending_weights[job] = pending
+        return needed
 
     def unload(self, job: str) -> None:
         with self.accounting:

@@ -93,6 +93,8 @@ class GrantView(BaseModel):
     granted: bool
     phase: str | None = None
     nodes: list[int] = []
+    rollout_nodes: list[int] = Field(default=[], description="the job's rollout nodes now (they change when it moves)")
+    train_nodes: list[int] = []
     epoch: int | None = None
     token: int | None = None
     iteration: int | None = None
@@ -103,13 +105,16 @@ class Released(BaseModel):
     next: GrantView | None = Field(default=None, description="the next phase's grant, when asked for")
 
 
-def _grant_view(grant: Grant | None) -> dict[str, Any]:
+def _grant_view(control: ControlPlane, grant: Grant | None) -> dict[str, Any]:
     if grant is None:
         return {"granted": False}
+    seat = control.state.seat(grant.job)
     return {
         "granted": True,
         "phase": grant.phase,
         "nodes": list(grant.nodes),
+        "rollout_nodes": list(seat.rollout_nodes) if seat else [],
+        "train_nodes": list(seat.train_nodes) if seat else [],
         "epoch": grant.epoch,
         "token": grant.token,
         "iteration": grant.iteration,
@@ -203,6 +208,24 @@ class NodeChange(BaseModel):
     pool: str
     at: float
     held: bool
+
+
+class MoveView(BaseModel):
+    """A running job moved between groups: when it was decided, when the job reached its
+    phase boundary, when its state landed on the new nodes (``pause_s``: boundary to landing)."""
+
+    id: int
+    job: str
+    epoch: int
+    reason: str
+    origin: list[int]
+    target: list[int]
+    decided_at: float
+    ready_at: float
+    done_at: float
+    pause_s: float
+    moved_bytes: int
+    outcome: str
 
 
 class ClusterSummary(BaseModel):
@@ -418,7 +441,7 @@ def create_app(control: ControlPlane, token: str) -> Any:
         """Long poll: the grant once the group's round-robin gives this job its turn, or
         ``granted: false`` after ``wait_s`` (ask again; the grant already made is returned)."""
         with _errors_as_http():
-            return JSONResponse(_grant_view(await control.acquire(name, phase, epoch, wait_s)))
+            return JSONResponse(_grant_view(control, await control.acquire(name, phase, epoch, wait_s)))
 
     @app.post("/v1/jobs/{name}/phases/{phase}/release", response_model=Released, responses=one)
     async def release_phase(
@@ -434,7 +457,9 @@ def create_app(control: ControlPlane, token: str) -> Any:
         timing = PhaseTiming(body.busy_s, body.wake_s, body.sleep_s)
         with _errors_as_http():
             grant = await control.release(name, phase, body.epoch, body.token, timing, then_wait_s)
-        return JSONResponse({"status": "released", "next": _grant_view(grant) if then_wait_s is not None else None})
+        return JSONResponse(
+            {"status": "released", "next": _grant_view(control, grant) if then_wait_s is not None else None}
+        )
 
     @app.post("/v1/jobs/{name}/progress", responses=one)
     async def progress(name: JobName, body: ProgressBody) -> dict[str, str]:
@@ -493,6 +518,14 @@ def create_app(control: ControlPlane, token: str) -> Any:
     ) -> list[dict[str, Any]]:
         """Every node taken (``held``) and given back, in order: the cluster's cost over time."""
         return await control.node_log(after, limit)
+
+    @app.get("/v1/moves", response_model=list[MoveView], responses=base)
+    async def list_moves(
+        after: Annotated[int, Query(ge=-1, le=2**62, description="the last id of the previous page")] = -1,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        """Every move of a running job (regrouping, SLO guard), with its measured pause."""
+        return await control.moves(after, limit)
 
     @app.get("/v1/cluster", response_model=ClusterSummary, responses=base)
     async def cluster_summary() -> dict[str, Any]:

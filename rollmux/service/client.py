@@ -130,6 +130,9 @@ class Grant:
     epoch: int
     token: int
     iteration: int
+    rollout_nodes: tuple[int, ...] = ()
+    """The job's seat when granted (it changes when the job is moved to another group)."""
+    train_nodes: tuple[int, ...] = ()
 
 
 class TurnSession:
@@ -165,7 +168,15 @@ class TurnSession:
                 timeout=self.poll_s + 30,
             )
             if answer["granted"]:
-                return Grant(phase, tuple(answer["nodes"]), answer["epoch"], answer["token"], answer["iteration"])
+                return Grant(
+                    phase,
+                    tuple(answer["nodes"]),
+                    answer["epoch"],
+                    answer["token"],
+                    answer["iteration"],
+                    tuple(answer.get("rollout_nodes", ())),
+                    tuple(answer.get("train_nodes", ())),
+                )
 
     def release(self, grant: Grant, busy_s: float, wake_s: float = 0.0, sleep_s: float = 0.0) -> None:
         body = {"epoch": self.epoch, "token": grant.token, "busy_s": busy_s, "wake_s": wake_s, "sleep_s": sleep_s}

@@ -13,10 +13,11 @@ the nodes the state holds and starts the drivers of placed jobs).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,9 +41,11 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
+from rollmux.core.regroup import ConfigCache, RegroupConfig, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
 from rollmux.inputs.runfile import JobSubmission
+from rollmux.service.failpoints import failpoint
 from rollmux.service.journal import Journal
 from rollmux.service.store import Store
 
@@ -64,6 +67,10 @@ class Executor(Protocol):
 
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
         """Return once these nodes are reserved and their workers are up."""
+        ...
+
+    async def transfer(self, job: str, epoch: int, pairs: list[tuple[int, int]]) -> int:
+        """Carry a moving job's state from old to new nodes (pairs of node ids); its bytes."""
         ...
 
     async def start_driver(self, job: str, incarnation: int) -> None:
@@ -95,6 +102,9 @@ class NoExecutor:
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
         return None
 
+    async def transfer(self, job: str, epoch: int, pairs: list[tuple[int, int]]) -> int:
+        return 0  # jobs that run their own workers follow their grants' nodes
+
     async def start_driver(self, job: str, incarnation: int) -> None:
         raise RollMuxError("this control plane runs without Ray: it cannot start job drivers")
 
@@ -123,6 +133,11 @@ class ControlOptions:
     capacity_poll_s: float = 5.0
     runs_jobs: bool = False
     """True when an executor can start drivers (managed jobs are accepted)."""
+    regroup: RegroupConfig | None = None
+    """Re-place running jobs after arrivals and departures when it pays (None: never)."""
+    slo_guard: bool = True
+    """Move a job out of a group whose measured phase times break an SLO."""
+    regroup_poll_s: float = 0.2
 
 
 class ControlPlane:
@@ -155,6 +170,10 @@ class ControlPlane:
         self._changed: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._launches: dict[str, asyncio.Task] = {}
+        self._carrying: dict[str, asyncio.Task] = {}
+        self._syncing = asyncio.Lock()
+        self._regroup_due = options.regroup is not None
+        self._configs = ConfigCache()
 
     # --- life ----------------------------------------------------------------------------
 
@@ -171,7 +190,9 @@ class ControlPlane:
             asyncio.create_task(self._expire_forever(), name="leases"),
             asyncio.create_task(self._reconcile_forever(), name="reconcile"),
             asyncio.create_task(self._watch_capacity(), name="capacity"),
+            asyncio.create_task(self._regroup_forever(), name="regroup"),
         ]
+        self._carry(self.state.movable())
         self._changed.set()
         self.ready = True
 
@@ -179,7 +200,7 @@ class ControlPlane:
         """Stop watching (so drivers stopped now are not taken for lost jobs), give the
         executor's nodes and drivers back, and finish writing."""
         self.ready = False
-        tasks = [*self._tasks, *self._launches.values()]
+        tasks = [*self._tasks, *self._launches.values(), *self._carrying.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -434,6 +455,9 @@ class ControlPlane:
         await self.journal.submit(delta)
         if (delta.jobs or delta.groups) and self._changed is not None:
             self._changed.set()
+        if any(e.kind in ("placed", DONE, FAILED, CANCELLED) for e in delta.events):
+            self._regroup_due = self.options.regroup is not None
+        self._carry(delta.movable)
         for name in waking:
             waiter = self.waiters.pop(name, None)
             if waiter is not None:
@@ -486,7 +510,7 @@ class ControlPlane:
     async def _reconcile(self) -> None:
         """Provision the nodes the state holds, start drivers of placed managed jobs, stop
         drivers of jobs that ended."""
-        await self.executor.sync_nodes(dict(self.state.cluster.node_pool))
+        await self._sync_nodes()
         for job in list(self.state.jobs.values()):
             managed = job.program.get("kind", "external") != "external"
             if managed and job.state == PLACED and self.launched.get(job.name) != job.launch:
@@ -532,6 +556,82 @@ class ControlPlane:
             self.state.lose(name, now, f"its driver ended: {outcome}")
             self._after_loss(name, now)
             await self._persist()
+
+    # --- moving running jobs ----------------------------------------------------------------
+
+    async def _regroup_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.regroup_poll_s)
+            try:
+                await self._regroup_once()
+            except Exception:
+                log.exception("regrouping failed; retrying at the next event")
+                self._regroup_due = False
+
+    async def _regroup_once(self) -> None:
+        """After arrivals and departures, the core's regrouping on a copy of the seating (in
+        a thread: the event loop keeps granting), applied if the seating did not change
+        meanwhile; the SLO guard on every tick."""
+        moved: list[str] = []
+        if self.options.slo_guard and self.state.settled():
+            moved += self.state.guard(self.clock())
+        config = self.options.regroup
+        if config is not None and self._regroup_due and not moved and self.state.settled():
+            seating = self.state.seating()
+            snapshot = copy.deepcopy(self.state.cluster)
+            plan = await asyncio.to_thread(plan_regroup, snapshot, config, self._configs)
+            if self.state.seating() == seating and self.state.settled():
+                self._regroup_due = False
+                moved += self.state.start_regroup(plan, self.clock())
+        if moved:
+            log.info("moving %s", ", ".join(moved))
+            await self._persist()
+
+    def _carry(self, names: Iterable[str]) -> None:
+        """Carry over the state of moving jobs that reached their phase boundary."""
+        for name in names:
+            if name not in self._carrying:
+                task = asyncio.create_task(self._carry_one(name), name=f"move-{name}")
+                self._carrying[name] = task
+                task.add_done_callback(lambda _, name=name: self._carrying.pop(name, None))
+
+    async def _carry_one(self, name: str) -> None:
+        job = self.state.jobs.get(name)
+        seat = self.state.seat(name)
+        if job is None or job.move is None or seat is None:
+            return
+        move, epoch = job.move, job.epoch
+        pairs = [
+            *zip(move.rollout_from, seat.rollout_nodes, strict=True),
+            *zip(move.train_from, seat.train_nodes, strict=True),
+        ]
+        failpoint("move:before-transfer")
+        try:
+            await self._sync_nodes()
+            external = job.program.get("kind", "external") == "external"
+            moved = 0 if external else await self.executor.transfer(name, epoch, pairs)
+        except Exception as error:  # noqa: BLE001 - whatever broke, the job's state did not land
+            log.warning("moving %s failed: %s", name, error)
+            job = self.state.jobs.get(name)
+            if job is not None and job.move == move and job.epoch == epoch:
+                now = self.clock()
+                self.state.lose(name, now, f"its state did not reach its new nodes: {error}")
+                self._after_loss(name, now)
+                await self._persist()
+            return
+        failpoint("move:after-transfer")
+        if self.state.finish_move(name, epoch, move.decided_at, moved, self.clock()):
+            await self._persist()
+
+    async def _sync_nodes(self) -> None:
+        """Provision the nodes of the groups and keep those draining; release the rest. One
+        at a time, each with the nodes held when it runs (an older list would release a
+        node placed meanwhile)."""
+        async with self._syncing:
+            await self.executor.sync_nodes({**self.state.draining(), **self.state.cluster.node_pool})
+
+    async def moves(self, after: int, limit: int) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.moves, after, limit)
 
     async def _watch_capacity(self) -> None:
         while True:

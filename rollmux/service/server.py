@@ -22,6 +22,7 @@ from pathlib import Path
 import uvicorn
 
 from rollmux.core.errors import RollMuxError
+from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import Pool
 from rollmux.service.api import create_app
 from rollmux.service.auth import ensure_token
@@ -54,6 +55,9 @@ class ServeOptions:
     gpus_per_node: dict[Pool, float] = field(default_factory=dict)
     advertise_url: str | None = None
     """The URL job drivers use to reach the service (default: from host and port)."""
+    regroup: RegroupConfig | None = field(default_factory=RegroupConfig)
+    """Move running jobs when a re-placement pays for its migration (None: never)."""
+    slo_guard: bool = True
 
 
 class Service:
@@ -80,6 +84,8 @@ class Service:
             lease_s=options.lease_s,
             checkpoint_dir=options.state_dir / "checkpoints",
             runs_jobs=executor is not None,
+            regroup=options.regroup,
+            slo_guard=options.slo_guard,
         )
         control_options.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.control = ControlPlane(self.store, control_options, executor)

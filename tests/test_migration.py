@@ -1,0 +1,157 @@
+"""Live moves of running jobs on a real ``rollmux serve`` with Ray: regrouping after
+departures moves jobs between groups worker to worker, a crash at the worst moment of a
+move (the service, or the worker the state comes from) leaves every job in exactly one
+group with its progress intact, and the SLO guard moves a job whose real phases are twice
+its estimate out of a group it would otherwise slow beyond its partners' SLOs."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from rollmux.service.client import Client
+from rollmux.service.failpoints import VARIABLE
+from tests.service_process import ServiceProcess
+from tests.test_recovery import no_node_runs_two_jobs, wait_until
+
+PHASE_S = 0.3
+SLO = 1.6
+"""Three jobs of equal phases share a group (slowdown 1.5); a fourth would break it (2.0)."""
+
+
+def emulated(name: str, actual_s: float = PHASE_S) -> dict:
+    """An emulated job planned at PHASE_S per phase whose phases really take ``actual_s``."""
+    return {
+        "name": name,
+        "entrypoint": "rollmux.jobs.emulated:EmulatedJob.from_context",
+        "iterations": 10_000,
+        "rollout_s": PHASE_S,
+        "train_s": PHASE_S,
+        "slo": SLO,
+        "rollout_mem_gb": 2.0,
+        "train_mem_gb": 4.0,
+        "args": {"rollout_s": actual_s, "train_s": actual_s, "rollout_mib": 2.0, "train_mib": 4.0},
+    }
+
+
+def serve(tmp_path, failpoint: str | None = None, extra: tuple[str, ...] = ()) -> ServiceProcess:
+    if failpoint:
+        os.environ[VARIABLE] = failpoint
+    try:
+        arguments = ("--rollout-nodes", "6", "--train-nodes", "6", "--lease-s", "3", *extra)
+        return ServiceProcess(tmp_path / "state", extra=arguments).start(timeout_s=120)
+    finally:
+        os.environ.pop(VARIABLE, None)
+
+
+@pytest.fixture()
+def service(tmp_path):
+    process = serve(tmp_path)
+    yield process
+    process.stop()
+
+
+def iterations(api: Client, names: str) -> dict[str, int]:
+    return {n: api.request("GET", f"/v1/jobs/{n}")["iterations"] for n in names}
+
+
+def two_groups_then_three_leave(api: Client) -> dict[str, int]:
+    """Six jobs in two groups of three; once all run, b, c and e leave: a, d and f are then
+    cheaper together (one rollout and one training node instead of two of each)."""
+    api.request("POST", "/v1/plans", json={"jobs": [emulated(n) for n in "abcdef"]})
+    wait_until(lambda: all(v >= 2 for v in iterations(api, "abcdef").values()))
+    assert len(api.request("GET", "/v1/groups")) == 2
+    for name in "bce":
+        api.request("DELETE", f"/v1/jobs/{name}")
+    return iterations(api, "adf")
+
+
+def one_group_each(api: Client, names: str) -> None:
+    seated = [j["name"] for g in api.request("GET", "/v1/groups") for j in g["jobs"]]
+    assert sorted(seated) == sorted(names), seated
+
+
+def test_regrouping_moves_running_jobs_between_workers_and_they_go_on(service):
+    api = Client(service.url, service.token)
+    before = two_groups_then_three_leave(api)
+    moves = wait_until(lambda: (m := api.request("GET", "/v1/moves")) and len(m) == 3 and m)
+    assert {m["job"] for m in moves} == set("adf") and {m["outcome"] for m in moves} == {"moved"}
+    assert all(m["moved_bytes"] > 0 and 0 <= m["pause_s"] < 30 for m in moves)
+    wait_until(lambda: all(v >= before[n] + 3 for n, v in iterations(api, "adf").items()))
+    groups = api.request("GET", "/v1/groups")
+    assert len(groups) == 1 and len(groups[0]["rollout_nodes"]) == 1 and len(groups[0]["train_nodes"]) == 1
+    one_group_each(api, "adf")
+    released = {e["node"] for e in api.request("GET", "/v1/nodes/log") if not e["held"]}
+    assert all(set(m["origin"]) <= released for m in moves), "old nodes given back once the state landed"
+    assert api.request("GET", "/v1/cluster")["nodes"] == {"rollout": 1, "train": 1}
+    no_node_runs_two_jobs(api.phase_log())
+
+
+@pytest.mark.parametrize("failpoint", ["move:adopted", "move:after-transfer"])
+def test_a_control_plane_killed_in_the_middle_of_a_move_leaves_each_job_in_one_group(tmp_path, failpoint):
+    process = serve(tmp_path, failpoint)
+    try:
+        api = Client(process.url, process.token)
+        before = two_groups_then_three_leave(api)
+        wait_until(lambda: process.process.poll() is not None, timeout_s=120)  # it killed itself mid-move
+        process.start(timeout_s=120)
+        wait_until(lambda: all(v >= before[n] + 3 for n, v in iterations(api, "adf").items()), timeout_s=300)
+        one_group_each(api, "adf")
+        views = {n: api.request("GET", f"/v1/jobs/{n}") for n in "adf"}
+        assert {v["state"] for v in views.values()} == {"running"}
+        assert {v["restarts"] for v in views.values()} == {0}, "the control plane's crash is no job's fault"
+        log = api.phase_log()
+        no_node_runs_two_jobs(log)
+        for name in "adf":
+            trained = [
+                e["iteration"] for e in log if e["job"] == name and e["phase"] == "train" and e["outcome"] == "released"
+            ]
+            assert sorted(set(trained)) == list(range(max(trained) + 1)), f"{name} lost or skipped an iteration"
+    finally:
+        process.stop()
+
+
+def test_a_worker_killed_while_giving_a_moving_job_its_state_costs_a_restart_not_the_job(tmp_path):
+    process = serve(tmp_path, "move:export")
+    try:
+        api = Client(process.url, process.token)
+        before = two_groups_then_three_leave(api)
+        wait_until(lambda: all(v >= before[n] + 3 for n, v in iterations(api, "adf").items()), timeout_s=300)
+        one_group_each(api, "adf")
+        moves = api.request("GET", "/v1/moves")
+        assert "abandoned" in {m["outcome"] for m in moves}, moves
+        views = {n: api.request("GET", f"/v1/jobs/{n}") for n in "adf"}
+        assert {v["state"] for v in views.values()} == {"running"}
+        log = api.phase_log()
+        no_node_runs_two_jobs(log)
+        for name in "adf":
+            trained = [
+                e["iteration"] for e in log if e["job"] == name and e["phase"] == "train" and e["outcome"] == "released"
+            ]
+            assert sorted(set(trained)) == list(range(max(trained) + 1)), f"{name} lost or skipped an iteration"
+    finally:
+        process.stop()
+
+
+def test_the_slo_guard_moves_a_job_whose_phases_take_twice_its_estimate(service):
+    api = Client(service.url, service.token)
+    jobs = [emulated("a"), emulated("b"), emulated("slow", actual_s=2 * PHASE_S)]
+    api.request("POST", "/v1/plans", json={"jobs": jobs})
+    assert len(api.request("GET", "/v1/groups")) == 1
+    moves = wait_until(lambda: api.request("GET", "/v1/moves"), timeout_s=120)
+    assert [m["job"] for m in moves] == ["slow"] and moves[0]["reason"].startswith("slo guard")
+    moved_at = moves[0]["done_at"]
+    time.sleep(20 * PHASE_S * 3)
+    log = api.phase_log()
+    no_node_runs_two_jobs(log)
+    for g in api.request("GET", "/v1/groups"):
+        for job in g["jobs"]:
+            assert job["slowdown"] <= job["slo"] * 1.02, g
+    for name, solo in (("a", 2 * PHASE_S), ("b", 2 * PHASE_S), ("slow", 4 * PHASE_S)):
+        ends = sorted(
+            e["ended_at"] for e in log if e["job"] == name and e["phase"] == "train" and e["ended_at"] > moved_at + 5
+        )
+        periods = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        assert len(periods) >= 5 and sum(periods) / len(periods) <= SLO * solo * 1.05, (name, periods)
