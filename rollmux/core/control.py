@@ -41,6 +41,8 @@ ENDED_STATES = (DONE, FAILED, CANCELLED)
 SESSION_STATES = (STARTING, RUNNING)
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
+GUARD_SAMPLES = 3
+"""Phases of each kind measured of every member before the SLO guard judges a group."""
 SLO_TOLERANCE = 0.02
 """The SLO guard acts on a planned slowdown beyond the SLO by more than this share."""
 PROFILE_TOLERANCE = 0.05
@@ -527,7 +529,7 @@ class ControlState:
             )
             if worst <= 1 + SLO_TOLERANCE:
                 continue
-            if any(not self.jobs[m.job.name].in_turns for m in group.members):
+            if any(not self._guardable(m.job.name) for m in group.members):
                 continue
             spec = max((m.job for m in group.members), key=lambda job: job.solo_iteration())
             name = spec.name
@@ -545,6 +547,12 @@ class ControlState:
             self._start_moves(origins, before, {group.id}, now, f"slo guard: group at {worst:.2f}× an SLO")
             moved.append(name)
         return moved
+
+    def _guardable(self, name: str) -> bool:
+        """Running in its turns with both phases measured a few times: a group whose
+        members are half estimated, half measured is not judged (an estimate may be far off)."""
+        counts = [len(self.measured.get((name, phase), ())) for phase in (ROLLOUT, TRAIN)]
+        return self.jobs[name].in_turns and min(counts) >= GUARD_SAMPLES
 
     def moving(self) -> list[str]:
         return [j.name for j in self.jobs.values() if j.move is not None]

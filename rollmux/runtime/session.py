@@ -62,7 +62,7 @@ class Session:
         if self.grant is not None:
             raise RuntimeError(f"{self.job}: phase {phase} entered inside phase {self.grant.phase}")
         grant = self.turns.acquire(phase)
-        self._granted = time.perf_counter()
+        self._granted = grant.granted_perf or time.perf_counter()
         self.grant = grant
         if grant.rollout_nodes or grant.train_nodes:  # the job may have moved since its last phase
             self.rollout_nodes, self.train_nodes = grant.rollout_nodes, grant.train_nodes

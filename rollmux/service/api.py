@@ -95,6 +95,7 @@ class GrantView(BaseModel):
     nodes: list[int] = []
     rollout_nodes: list[int] = Field(default=[], description="the job's rollout nodes now (they change when it moves)")
     train_nodes: list[int] = []
+    granted_ago_s: float = Field(default=0.0, description="how long before this answer the grant was made")
     epoch: int | None = None
     token: int | None = None
     iteration: int | None = None
@@ -115,6 +116,7 @@ def _grant_view(control: ControlPlane, grant: Grant | None) -> dict[str, Any]:
         "nodes": list(grant.nodes),
         "rollout_nodes": list(seat.rollout_nodes) if seat else [],
         "train_nodes": list(seat.train_nodes) if seat else [],
+        "granted_ago_s": max(0.0, control.clock() - grant.granted_at),
         "epoch": grant.epoch,
         "token": grant.token,
         "iteration": grant.iteration,

@@ -133,6 +133,22 @@ class Grant:
     rollout_nodes: tuple[int, ...] = ()
     """The job's seat when granted (it changes when the job is moved to another group)."""
     train_nodes: tuple[int, ...] = ()
+    granted_perf: float = 0.0
+    """When the control plane granted it, on this process's ``time.perf_counter`` clock
+    (the answer says how long ago it was granted; its transit is not counted)."""
+
+
+def _grant(answer: dict[str, Any]) -> Grant:
+    return Grant(
+        answer["phase"],
+        tuple(answer["nodes"]),
+        answer["epoch"],
+        answer["token"],
+        answer["iteration"],
+        tuple(answer.get("rollout_nodes", ())),
+        tuple(answer.get("train_nodes", ())),
+        time.perf_counter() - answer.get("granted_ago_s", 0.0),
+    )
 
 
 class TurnSession:
@@ -147,6 +163,7 @@ class TurnSession:
         self.iteration: int = info["iteration"]
         self.lease_s: float = info["lease_s"]
         self.poll_s = min(poll_s, self.lease_s / 2)
+        self._ahead: Grant | None = None
         self._heartbeat = _Heartbeat(
             Client(client.url, client.token, retry_s=self.lease_s), job, self.epoch, self.lease_s
         )
@@ -159,7 +176,11 @@ class TurnSession:
         return view
 
     def acquire(self, phase: str) -> Grant:
-        """Block until the group grants ``phase`` (long polls; the grant survives a lost reply)."""
+        """Block until the group grants ``phase`` (long polls; the grant survives a lost reply).
+        A grant that came with the last release is returned at once."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.phase == phase:
+            return ahead
         while True:
             answer = self.client.request(
                 "POST",
@@ -168,19 +189,20 @@ class TurnSession:
                 timeout=self.poll_s + 30,
             )
             if answer["granted"]:
-                return Grant(
-                    phase,
-                    tuple(answer["nodes"]),
-                    answer["epoch"],
-                    answer["token"],
-                    answer["iteration"],
-                    tuple(answer.get("rollout_nodes", ())),
-                    tuple(answer.get("train_nodes", ())),
-                )
+                return _grant(answer)
 
     def release(self, grant: Grant, busy_s: float, wake_s: float = 0.0, sleep_s: float = 0.0) -> None:
+        """Hand the phase back. After a rollout (always followed by training) the same call
+        asks for the training phase: the job queues for it from this instant, and if its
+        turn is already there, the next :meth:`acquire` needs no round trip. After training
+        it does not (the job may be over)."""
         body = {"epoch": self.epoch, "token": grant.token, "busy_s": busy_s, "wake_s": wake_s, "sleep_s": sleep_s}
-        self._post(f"phases/{grant.phase}/release", body)
+        params = {"then_wait_s": 0} if grant.phase == "rollout" else None
+        answer = self.client.request(
+            "POST", f"/v1/jobs/{self.job}/phases/{grant.phase}/release", params=params, json=body
+        )
+        following = answer.get("next") or {}
+        self._ahead = _grant(following) if following.get("granted") else None
         if grant.phase == "train":
             self.iteration = grant.iteration + 1
 

@@ -43,7 +43,7 @@ from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import ConfigCache, RegroupConfig, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.failpoints import failpoint
 from rollmux.service.journal import Journal
@@ -174,6 +174,7 @@ class ControlPlane:
         self._syncing = asyncio.Lock()
         self._regroup_due = options.regroup is not None
         self._configs = ConfigCache()
+        self._planned_specs: dict[str, JobSpec] = {}
 
     # --- life ----------------------------------------------------------------------------
 
@@ -577,6 +578,7 @@ class ControlPlane:
             moved += self.state.guard(self.clock())
         config = self.options.regroup
         if config is not None and self._regroup_due and not moved and self.state.settled():
+            self._forget_stale_configs()
             seating = self.state.seating()
             snapshot = copy.deepcopy(self.state.cluster)
             plan = await asyncio.to_thread(plan_regroup, snapshot, config, self._configs)
@@ -586,6 +588,16 @@ class ControlPlane:
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
+
+    def _forget_stale_configs(self) -> None:
+        """The cheapest configuration of a set of jobs depends on their specs: forget those
+        of sets with a job that left or whose phase times were re-measured since."""
+        specs = {job.name: job for job in self.state.cluster.jobs()}
+        stale = {name for name, spec in self._planned_specs.items() if specs.get(name) != spec}
+        if stale:
+            plans = self._configs.plans
+            self._configs.plans = {names: plan for names, plan in plans.items() if not names & stale}
+        self._planned_specs = specs
 
     def _carry(self, names: Iterable[str]) -> None:
         """Carry over the state of moving jobs that reached their phase boundary."""
