@@ -253,6 +253,24 @@ def plan_json(cluster: Cluster) -> dict:
 
 @app.command()
 @friendly_errors
+def generate(
+    out_file: Annotated[Path, typer.Argument(help="JSONL trace to write (rollmux simulate reads it)")],
+    jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Number of jobs")] = 300,
+    mix: Annotated[str, typer.Option(help="production, training-heavy or rollout-heavy")] = "production",
+    arrivals: Annotated[str, typer.Option(help="uniform or bursty")] = "bursty",
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same trace")] = 0,
+) -> None:
+    """Write a seeded synthetic trace (see rollmux.sim.generate for the mixes and arrivals)."""
+    from rollmux.sim.generate import TraceShape, write_jsonl
+    from rollmux.sim.generate import generate as make_trace
+
+    trace = make_trace(TraceShape(jobs=jobs, mix=mix, arrivals=arrivals, seed=seed))
+    write_jsonl(trace, out_file)
+    out.print(f"{out_file}: {len(trace.jobs)} jobs over {trace.end / 86400:.1f} days ({mix}, {arrivals}, seed {seed})")
+
+
+@app.command()
+@friendly_errors
 def run(
     example: Annotated[Path, typer.Argument(help="YAML file with the cluster and the jobs (see examples/run.yaml)")],
     out_dir: Annotated[

@@ -62,6 +62,25 @@ def with_colocated_times(job: JobSpec) -> JobSpec:
     return job if job.colocated is not None else replace(job, colocated=colocated_phases(job))
 
 
+@dataclass
+class Checks:
+    """A count of exact round-robin checks a search may still run (None: unbounded).
+
+    Regrouping bounds its work per event with it, deterministically: a search that runs
+    out answers None (no configuration found), which only forgoes a saving.
+    """
+
+    left: int | None = None
+
+    def take(self) -> bool:
+        if self.left is None:
+            return True
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
 @dataclass(frozen=True)
 class Config:
     """One group's cheapest configuration: its members seated on local node ids
@@ -104,18 +123,23 @@ class _Job:
 
 
 def cheapest_config(
-    jobs: Sequence[JobSpec], cost: CostModel, planning: Planning, colocate: bool = False
+    jobs: Sequence[JobSpec],
+    cost: CostModel,
+    planning: Planning,
+    colocate: bool = False,
+    checks: Checks | None = None,
 ) -> Config | None:
     """The cheapest feasible connected configuration of exactly these jobs, or None.
 
     Feasible: every member's steady-state period within its SLO budget, every node's
-    resident state within its usable host memory.
+    resident state within its usable host memory. ``checks`` caps the exact checks run.
     """
     items = [_Job.of(j, planning) for j in jobs]
     budget = min(j.period_budget for j in jobs) * (1 + _TOL)
+    checks = checks or Checks()
     best: Config | None = None
     for colocated in _colocated_choices(items, colocate):
-        found = _cheapest_with(items, frozenset(colocated), cost, planning, budget, best)
+        found = _cheapest_with(items, frozenset(colocated), cost, planning, budget, best, checks)
         if found is not None:
             best = found
     return best
@@ -141,6 +165,7 @@ def _cheapest_with(
     planning: Planning,
     budget: float,
     incumbent: Config | None,
+    checks: Checks,
 ) -> Config | None:
     """Cheapest configuration with exactly ``colocated`` co-located, cheaper than ``incumbent``."""
     n = len(items)
@@ -163,6 +188,8 @@ def _cheapest_with(
         for members in _layouts(items, rbins, tbins, colocated):
             if not _fits_memory(members, cost):
                 continue
+            if not checks.take():
+                return None
             periods = steady_state([m.seat(planning) for m in members]).periods
             if all(p <= m.job.period_budget * (1 + _TOL) for m, p in zip(members, periods, strict=True)):
                 return Config(

@@ -18,10 +18,12 @@ branch-and-bound nodes with its incumbent kept; keeping every group is always fe
 
 Moving a job costs ``pause_s`` plus ``s_per_gb`` per GB of its resident state, during
 which it makes no progress and both its old and its new nodes are paid. A job placed at
-this very event (no time run yet) moves for free: it has no state yet. A move that would
-leave a job above its SLO over its lifetime is never generated: its time so far and as
-long again ahead (at most ``horizon_s``; an online planner does not know when a job
-ends), the pause counted as lost work. Pure code: the driver applies and charges it.
+this very event (no time run yet) moves for free: it has no state yet. A move that could
+leave a job above its SLO over its lifetime is never generated: its slowdown so far, the
+pause counted as lost work, must stay within its SLO (an online planner does not know
+when a job ends, and afterwards it runs within its SLO). Both need the jobs' progress;
+without it every move is charged and the caller answers for lifetimes. Pure code: the
+driver applies and charges it.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from rollmux.core.cluster import Cluster, Group
-from rollmux.core.configs import Config, cheapest_config, colocated_phases
+from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phases
 from rollmux.core.optimum import GroupPlan
 from rollmux.core.spec import JobSpec, Pool
 
 HOUR = 3600.0
 _EPS = 1e-6
+BROKEN_PENALTY = 1e6
+"""Added to the price of keeping a group that breaks an SLO, so that it is repaired
+whenever any column can host its jobs (its jobs move even if the pause costs slack)."""
 SEEDS = 24
 """Columns grown by one job per pricing round (those of least reduced cost)."""
 
@@ -54,6 +59,8 @@ class RegroupConfig:
     max_group: int = 6
     neighbourhood_jobs: int = 24
     evaluations: int = 150
+    checks_per_event: int = 1500
+    checks_per_config: int = 40
     pricing_rounds: int = 6
     milp_nodes: int = 500
     colocate: bool = False
@@ -94,14 +101,26 @@ class RegroupState:
     previous: set[frozenset[str]] = field(default_factory=set)
     pending: set[frozenset[str]] = field(default_factory=set)
     misses: int = 0
+    checks: Checks = field(default_factory=Checks)
+    """Exact round-robin checks left in this event (set by every call)."""
 
-    def cheapest(self, cluster: Cluster, jobs: Sequence[JobSpec], colocate: bool) -> Config | None:
+    def cheapest(self, cluster: Cluster, jobs: Sequence[JobSpec], config: RegroupConfig) -> Config | None:
+        """Cached search, of at most ``checks_per_config`` exact checks taken from the
+        event's; None without a search once the event has fewer left (not remembered)."""
         key = frozenset(jobs)
         if key not in self.configs:
+            left = self.checks.left or 0
+            if left < config.checks_per_config:
+                return None
             self.misses += 1
             ordered = sorted(jobs, key=lambda j: (-j.rollout.mean, j.name))
-            self.configs[key] = cheapest_config(ordered, cluster.cost, cluster.planning, colocate)
+            mine = Checks(config.checks_per_config)
+            self.configs[key] = cheapest_config(ordered, cluster.cost, cluster.planning, config.colocate, mine)
+            self.checks.left = left - (config.checks_per_config - (mine.left or 0))
         return self.configs[key]
+
+    def exhausted(self, misses_budget: int, config: RegroupConfig) -> bool:
+        return self.misses >= misses_budget or (self.checks.left or 0) < config.checks_per_config
 
 
 ConfigCache = RegroupState
@@ -122,6 +141,12 @@ def _names(group: Group) -> frozenset[str]:
 
 def _price(cluster: Cluster, group: Group) -> float:
     return sum(cluster.cost.price(cluster.node_pool[n]) for n in (*group.rollout_nodes, *group.train_nodes))
+
+
+def _breaks_slo(group: Group) -> bool:
+    """Whether a member's planned period exceeds its budget (a departure can reorder a
+    group's turns so that the others slow down)."""
+    return any(p > m.job.period_budget * (1 + _EPS) for m, p in zip(group.members, group.schedule.periods, strict=True))
 
 
 def _fluid(cluster: Cluster, job: JobSpec) -> float:
@@ -161,8 +186,10 @@ class _Pricer:
         state: RegroupState,
         jobs: Mapping[str, JobSpec],
         progress: Mapping[str, JobProgress] | None,
+        must_move: frozenset[str] = frozenset(),
     ) -> None:
         self.cluster, self.config, self.state, self.jobs, self.progress = cluster, config, state, jobs, progress
+        self.must_move = must_move
         self.pause = {name: self._pause(job) for name, job in jobs.items()}
         self.budget = {name: job.period_budget for name, job in jobs.items()}
         self.demand = {name: self._demand(job) for name, job in jobs.items()}
@@ -209,22 +236,21 @@ class _Pricer:
     def column(self, names: frozenset[str]) -> _Column | None:
         """The exact cheapest configuration as a column, None if infeasible or if it would
         push a moved job beyond its SLO over its lifetime."""
-        found = self.state.cheapest(self.cluster, [self.jobs[n] for n in names], self.config.colocate)
-        if found is None or not all(self._lifetime_ok(n, found.slowdown(n)) for n in names):
+        found = self.state.cheapest(self.cluster, [self.jobs[n] for n in names], self.config)
+        if found is None or not all(self._lifetime_ok(n) for n in names):
             return None
         return _Column(names, self.amortised(names, found.cost_per_hour), found)
 
-    def _lifetime_ok(self, name: str, slowdown: float) -> bool:
+    def _lifetime_ok(self, name: str) -> bool:
+        """Whether the job's slowdown so far, the pause counted as lost work, stays within
+        its SLO: then it stays within for good, whenever the job ends, since it runs within
+        its SLO afterwards (every column is SLO-feasible). A job of a group that breaks an
+        SLO moves regardless: staying costs more."""
         pause = self.pause[name]
-        if pause == 0:
+        if pause == 0 or self.progress is None or name in self.must_move:
             return True
-        job = self.jobs[name]
-        if self.progress is None:
-            done, ahead = JobProgress(0.0, 0.0), self.config.horizon_s
-        else:
-            done = self.progress[name]
-            ahead = min(self.config.horizon_s, done.elapsed_s)
-        return done.elapsed_s + ahead <= job.slo * (done.work_s - pause + ahead / slowdown) * (1 + _EPS)
+        done = self.progress[name]
+        return done.elapsed_s <= self.jobs[name].slo * (done.work_s - pause) * (1 + _EPS)
 
 
 def _duals(rows: Mapping[str, int], columns: Sequence[_Column]) -> np.ndarray:
@@ -287,12 +313,12 @@ def plan_regroup(
     last call with the same ``cache``).
 
     ``progress`` (every running job's, when the driver knows it) makes jobs not started
-    yet free to move and bounds every other job's lifetime slowdown by its SLO.
+    yet free to move and keeps every other job's lifetime slowdown within its SLO.
     """
     state = cache if cache is not None else RegroupState()
     groups = list(cluster.groups.values())
     now = {_names(g) for g in groups}
-    touched = [g for g in groups if _names(g) not in state.previous or _names(g) in state.pending]
+    touched = [g for g in groups if _names(g) not in state.previous or _names(g) in state.pending or _breaks_slo(g)]
     state.previous = now
     if not touched:
         state.pending.clear()
@@ -302,21 +328,23 @@ def plan_regroup(
     state.pending = {_names(g) for g in touched} - examined
     jobs = {m.job.name: m.job for g in hood for m in g.members}
     rows = {name: k for k, name in enumerate(sorted(jobs))}
-    pricer = _Pricer(cluster, config, state, jobs, progress)
-    keep = {_names(g): _price(cluster, g) for g in hood}
+    broken = {_names(g) for g in hood if _breaks_slo(g)}
+    pricer = _Pricer(cluster, config, state, jobs, progress, frozenset().union(*broken))
+    keep = {_names(g): _price(cluster, g) + (BROKEN_PENALTY if _names(g) in broken else 0.0) for g in hood}
     columns = [_Column(names, price, None) for names, price in keep.items()]
     known = set(keep)
     budget = state.misses + config.evaluations
+    state.checks = Checks(config.checks_per_event)
     for names in [frozenset((n,)) for n in sorted(jobs)] + [n for n in keep if len(n) > 1]:
         _offer(pricer, names, keep, columns, known)
     for _ in range(config.pricing_rounds):
         duals = _duals(rows, columns)
         added = 0
         for names in _candidates(pricer, rows, columns, duals, known):
-            if state.misses >= budget:
+            if state.exhausted(budget, config):
                 break
             added += _offer(pricer, names, keep, columns, known, duals, rows)
-        if added == 0 or state.misses >= budget:
+        if added == 0 or state.exhausted(budget, config):
             break
     picked = _partition(rows, columns, config.milp_nodes)
     chosen = [columns[c] for c in picked]
