@@ -116,6 +116,7 @@ def simulate(
             on_event=lambda n: progress.advance(tasks[n]),
             realise=realise,
             regroup=RegroupConfig() if regroup else None,
+            source=str(trace),
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)
