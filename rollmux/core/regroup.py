@@ -63,7 +63,9 @@ class RegroupConfig:
     checks_per_config: int = 40
     pricing_rounds: int = 6
     milp_nodes: int = 500
-    colocate: bool = False
+    colocate: bool = True
+    """Hybrid placement: a job may run both phases on training nodes (co-located times,
+    estimated by rollmux.core.configs when absent), alone or sharing them."""
 
     def migration_s(self, job: JobSpec) -> float:
         """Time the job makes no progress while its state moves to its new nodes."""
