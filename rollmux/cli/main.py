@@ -116,6 +116,7 @@ def simulate(
             on_event=lambda n: progress.advance(tasks[n]),
             realise=realise,
             regroup=RegroupConfig() if regroup else None,
+            source=str(trace),
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)
@@ -249,6 +250,24 @@ def plan_json(cluster: Cluster) -> dict:
             for g in cluster.groups.values()
         ],
     }
+
+
+@app.command()
+@friendly_errors
+def generate(
+    out_file: Annotated[Path, typer.Argument(help="JSONL trace to write (rollmux simulate reads it)")],
+    jobs: Annotated[int, typer.Option(min=1, max=100_000, help="Number of jobs")] = 300,
+    mix: Annotated[str, typer.Option(help="production, training-heavy or rollout-heavy")] = "production",
+    arrivals: Annotated[str, typer.Option(help="uniform or bursty")] = "bursty",
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same trace")] = 0,
+) -> None:
+    """Write a seeded synthetic trace (see rollmux.sim.generate for the mixes and arrivals)."""
+    from rollmux.sim.generate import TraceShape, write_jsonl
+    from rollmux.sim.generate import generate as make_trace
+
+    trace = make_trace(TraceShape(jobs=jobs, mix=mix, arrivals=arrivals, seed=seed))
+    write_jsonl(trace, out_file)
+    out.print(f"{out_file}: {len(trace.jobs)} jobs over {trace.end / 86400:.1f} days ({mix}, {arrivals}, seed {seed})")
 
 
 @app.command()

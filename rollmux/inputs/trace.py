@@ -27,7 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.inputs.catalog import host_memory_gb, node_width
 from rollmux.inputs.errors import InputError, from_validation, read_json
-from rollmux.inputs.jobfile import NAME_PATTERN, JobFields
+from rollmux.inputs.jobfile import MAX_PHASE_S, NAME_PATTERN, JobFields
+
+MAX_TIME_S = 1e9
+"""Latest arrival or departure and longest duration accepted: about 31 years."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,9 @@ def uniform_slo(low: float, high: float, seed: int) -> SloSampler:
 
 
 class PhasePair(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    generate: float = Field(ge=0)
-    train: float = Field(ge=0)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    generate: float = Field(ge=0, le=MAX_PHASE_S)
+    train: float = Field(ge=0, le=MAX_PHASE_S)
 
 
 class Profile(BaseModel):
@@ -173,9 +176,9 @@ class JobRecord(JobFields):
     """One job of RollMux's own trace format (JSONL object or CSV row)."""
 
     id: str = Field(pattern=NAME_PATTERN)
-    arrival_s: float = Field(ge=0)
-    departure_s: float | None = Field(default=None, ge=0)
-    duration_s: float | None = Field(default=None, gt=0)
+    arrival_s: float = Field(ge=0, le=MAX_TIME_S)
+    departure_s: float | None = Field(default=None, ge=0, le=MAX_TIME_S)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_TIME_S)
 
     @model_validator(mode="after")
     def _one_end(self) -> JobRecord:
@@ -231,6 +234,20 @@ def read_job_trace(path: Path, slo: SloSampler) -> Trace:
     if not jobs:
         raise InputError(path, "the trace holds no job")
     return Trace(tuple(jobs))
+
+
+def check_colocated_times(trace: Trace, source: Path | str = "trace") -> None:
+    """Refuse, before any simulation, a trace whose jobs lack the co-located phase times
+    the co-located baseline runs on, naming the first such job and where the times go."""
+    for j in trace.jobs:
+        if j.spec.colocated is None:
+            where = f"type {j.spec.kind!r} in the profile's 'colo'" if j.spec.kind else "colo_rollout_s/colo_train_s"
+            raise InputError(
+                source,
+                f"job {j.spec.name} has no co-located phase times ({where}); "
+                "the colocated policy needs them: give them or leave colocated out of --policies",
+                field="colo",
+            )
 
 
 def read_trace(path: Path, profile: Profile | None, slo: SloSampler) -> Trace:

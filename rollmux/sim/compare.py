@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
-from rollmux.inputs.trace import Trace
+from rollmux.inputs.trace import Trace, check_colocated_times
 from rollmux.sim.simulator import Realisation, SimResult, fluid_lower_bound_usd, simulate
 
 REFERENCE = "rollmux"
@@ -72,8 +72,14 @@ def compare(
     on_event: Callable[[str], None] | None = None,
     realise: Realisation | None = None,
     regroup: RegroupConfig | None = None,
+    source: str = "trace",
 ) -> Comparison:
-    """Run every policy over the same trace; ``on_event(policy)`` reports progress."""
+    """Run every policy over the same trace; ``on_event(policy)`` reports progress.
+
+    Every policy's inputs are checked before the first simulation starts (``source``
+    names the trace in the error)."""
+    if "colocated" in policies:
+        check_colocated_times(trace, source)
     results = {}
     for name in policies:
         tick = (lambda _cluster, n=name: on_event(n)) if on_event else None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.placement import Policy, place
-from rollmux.core.regroup import ConfigCache, RegroupConfig, apply_regroup, plan_regroup
+from rollmux.core.regroup import JobProgress, RegroupConfig, RegroupState, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import Seat, realised_periods
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace, TraceJob
@@ -40,17 +40,30 @@ def events(trace: Trace) -> list[Event]:
 
 @dataclass
 class JobAccount:
-    """What happened to one job: time held, solo-equivalent work done, time within SLO."""
+    """What happened to one job: time held, solo-equivalent work done (migration pauses
+    subtracted), pauses, and time within SLO."""
 
     spec: JobSpec
     seconds: float = 0.0
     work_s: float = 0.0
     within_slo_s: float = 0.0
+    paused_s: float = 0.0
 
     @property
     def slowdown(self) -> float:
-        """Time-averaged slowdown: wall time over the solo time of the iterations it ran."""
+        """Lifetime slowdown: wall time over the solo time of the iterations it ran, so
+        every pause counts."""
         return self.seconds / self.work_s if self.work_s > 0 else 1.0
+
+    @property
+    def met_slo(self) -> bool:
+        """Whether the job's lifetime slowdown, pauses included, is within its SLO."""
+        return self.slowdown <= self.spec.slo * (1 + _SLO_TOL)
+
+    @property
+    def attained_s(self) -> float:
+        """Time within the SLO: none if pauses pushed the lifetime slowdown past it."""
+        return self.within_slo_s if self.met_slo else 0.0
 
 
 @dataclass
@@ -88,8 +101,15 @@ class SimResult:
 
     @property
     def slo_attainment(self) -> float:
+        """Share of job-time within the SLO, a job's time counting only if its lifetime
+        slowdown (migration pauses included) also meets its SLO."""
         total = sum(j.seconds for j in self.jobs.values())
-        return sum(j.within_slo_s for j in self.jobs.values()) / total if total > 0 else 1.0
+        return sum(j.attained_s for j in self.jobs.values()) / total if total > 0 else 1.0
+
+    @property
+    def jobs_over_slo(self) -> int:
+        """Jobs whose lifetime slowdown, pauses included, exceeds their SLO."""
+        return sum(1 for j in self.jobs.values() if j.seconds > 0 and not j.met_slo)
 
     def slowdowns(self) -> list[float]:
         return sorted(j.slowdown for j in self.jobs.values() if j.seconds > 0)
@@ -108,6 +128,7 @@ class SimResult:
             "max_slowdown": slow[-1] if slow else 1.0,
             "migrations": self.migrations,
             "migration_usd": self.migration_usd,
+            "jobs_over_slo": self.jobs_over_slo,
         }
         for pool, account in self.pools.items():
             out[f"{pool.value}_node_hours"] = account.node_seconds / HOUR
@@ -209,7 +230,7 @@ def simulate(
     """
     cluster = Cluster(cost=cost or CostModel(), planning=planning)
     cache: dict = {}
-    configs = ConfigCache()
+    state = RegroupState()
     result = SimResult(policy=policy.name, span_s=trace.end)
     result.jobs = {j.spec.name: JobAccount(j.spec) for j in trace.jobs}
     rates = _rates(cluster, realise, cache)
@@ -222,7 +243,7 @@ def simulate(
         else:
             cluster.remove(event.job.spec.name)
         if regroup:
-            _regroup(cluster, regroup, result, configs)
+            _regroup(cluster, regroup, result, state)
         rates = _rates(cluster, realise, cache)
         result.cost_rate.append((now, rates.cost_per_hour))
         result.nodes_over_time.append((now, rates.nodes[Pool.ROLLOUT], rates.nodes[Pool.TRAIN]))
@@ -241,16 +262,20 @@ def _remember_largest_group(cluster: Cluster, result: SimResult) -> None:
         result.example_group = [(m.job.name, seat) for m, seat in zip(largest.members, seats, strict=True)]
 
 
-def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, configs: ConfigCache) -> None:
-    plan = plan_regroup(cluster, config, configs)
+def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, state: RegroupState) -> None:
+    """Re-place running jobs when it pays; charge the migration in dollars and each moved
+    job's pause as lost work (a job not started yet moves without a pause)."""
+    progress = {j.name: JobProgress(result.jobs[j.name].seconds, result.jobs[j.name].work_s) for j in cluster.jobs()}
+    plan = plan_regroup(cluster, config, state, progress)
     if plan is None:
         return
     apply_regroup(cluster, plan)
     result.cost_usd += plan.migration_usd
     result.migration_usd += plan.migration_usd
-    result.migrations += len(plan.moved)
-    for job in plan.moved:
-        result.jobs[job.name].work_s -= config.migration_s(job)
+    for job, pause in zip(plan.moved, plan.pauses_s, strict=True):
+        result.migrations += int(pause > 0)
+        result.jobs[job.name].work_s -= pause
+        result.jobs[job.name].paused_s += pause
 
 
 def _accrue(result: SimResult, rates: _Rates, dt: float) -> None:

@@ -1,0 +1,313 @@
+"""The cheapest configuration of one group of jobs, over every way to share nodes.
+
+A configuration splits the group's jobs into rollout bins and, independently, into
+training bins: the jobs of a bin share its nodes (as many as the widest job in it; a
+narrower job may sit on any of them). So several trainers may share rollout nodes, a
+trainer may serve several rollout bins, and groups may have any size the SLOs allow.
+With ``colocate``, a job may also run both phases on its training bin with its
+co-located phase times (no rollout node of its own), next to disaggregated jobs.
+
+Only connected configurations count (every job reaches every other through shared
+nodes): a disconnected one is two groups, each a column of its own. In a connected
+group every job has the same steady-state period, so no node may be loaded beyond the
+tightest SLO budget of the group and no job's own chain may exceed it; bins and pairs of
+partitions failing that are pruned before the exact round-robin check.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from rollmux.core.cluster import Member
+from rollmux.core.roundrobin import steady_state
+from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
+
+_TOL = 1e-9
+MIXED_COLOCATION_MAX_JOBS = 4
+"""Above this many jobs a group is either all disaggregated or all co-located: the 2^n
+choices of which jobs co-locate are tried only for small groups."""
+
+COLOCATED_RATIO_ROLLOUT = 1.98
+COLOCATED_RATIO_TRAIN = 1.03
+"""Estimate of co-located phase times from disaggregated ones when a job has none: the
+largest ratio of the production profile's co-located to disaggregated time, per phase
+(rollout ranges 0.61-1.98, training 0.85-1.03). The largest, so an estimate never
+promises an SLO that measured times would break on any profiled job type."""
+
+
+def colocated_phases(job: JobSpec) -> tuple[PhaseTime, PhaseTime]:
+    """The job's co-located phase times: measured if given, else the documented estimate."""
+    if job.colocated is not None:
+        return job.colocated
+    return (
+        PhaseTime(
+            job.rollout.mean * COLOCATED_RATIO_ROLLOUT,
+            cv=job.rollout.cv,
+            high=_scaled(job.rollout.high, COLOCATED_RATIO_ROLLOUT),
+        ),
+        PhaseTime(
+            job.train.mean * COLOCATED_RATIO_TRAIN, cv=job.train.cv, high=_scaled(job.train.high, COLOCATED_RATIO_TRAIN)
+        ),
+    )
+
+
+def _scaled(value: float | None, ratio: float) -> float | None:
+    return None if value is None else value * ratio
+
+
+def with_colocated_times(job: JobSpec) -> JobSpec:
+    """The job carrying the co-located times it is planned with (so the cluster uses them)."""
+    return job if job.colocated is not None else replace(job, colocated=colocated_phases(job))
+
+
+@dataclass
+class Checks:
+    """A count of exact round-robin checks a search may still run (None: unbounded).
+
+    Regrouping bounds its work per event with it, deterministically: a search that runs
+    out answers None (no configuration found), which only forgoes a saving.
+    """
+
+    left: int | None = None
+
+    def take(self) -> bool:
+        if self.left is None:
+            return True
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+@dataclass(frozen=True)
+class Config:
+    """One group's cheapest configuration: its members seated on local node ids
+    (training nodes first), its bins and its hourly price."""
+
+    jobs: tuple[JobSpec, ...]
+    members: tuple[Member, ...]
+    rollout_bins: tuple[tuple[int, ...], ...]
+    train_bins: tuple[tuple[int, ...], ...]
+    colocated: tuple[int, ...]
+    cost_per_hour: float
+    periods: tuple[float, ...]
+
+    def slowdown(self, name: str) -> float:
+        """Planned period of the named member over its mean solo disaggregated iteration."""
+        for member, period in zip(self.members, self.periods, strict=True):
+            if member.job.name == name:
+                return period / member.job.solo_iteration()
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The numbers the search needs of one job, disaggregated and co-located."""
+
+    spec: JobSpec
+    rollout_s: float
+    train_s: float
+    colo_s: float
+
+    @staticmethod
+    def of(spec: JobSpec, planning: Planning) -> _Job:
+        colo_r, colo_t = colocated_phases(spec)
+        return _Job(
+            spec,
+            spec.rollout.planned(planning),
+            spec.train.planned(planning),
+            colo_r.planned(planning) + colo_t.planned(planning),
+        )
+
+
+def cheapest_config(
+    jobs: Sequence[JobSpec],
+    cost: CostModel,
+    planning: Planning,
+    colocate: bool = False,
+    checks: Checks | None = None,
+) -> Config | None:
+    """The cheapest feasible connected configuration of exactly these jobs, or None.
+
+    Feasible: every member's steady-state period within its SLO budget, every node's
+    resident state within its usable host memory. ``checks`` caps the exact checks run.
+    """
+    items = [_Job.of(j, planning) for j in jobs]
+    budget = min(j.period_budget for j in jobs) * (1 + _TOL)
+    checks = checks or Checks()
+    best: Config | None = None
+    for colocated in _colocated_choices(items, colocate):
+        found = _cheapest_with(items, frozenset(colocated), cost, planning, budget, best, checks)
+        if found is not None:
+            best = found
+    return best
+
+
+def _colocated_choices(items: Sequence[_Job], colocate: bool) -> Iterator[tuple[int, ...]]:
+    n = len(items)
+    if not colocate:
+        yield ()
+        return
+    if n <= MIXED_COLOCATION_MAX_JOBS:
+        for k in range(n + 1):
+            yield from itertools.combinations(range(n), k)
+        return
+    yield ()
+    yield tuple(range(n))
+
+
+def _cheapest_with(
+    items: Sequence[_Job],
+    colocated: frozenset[int],
+    cost: CostModel,
+    planning: Planning,
+    budget: float,
+    incumbent: Config | None,
+    checks: Checks,
+) -> Config | None:
+    """Cheapest configuration with exactly ``colocated`` co-located, cheaper than ``incumbent``."""
+    n = len(items)
+    chain = [it.colo_s if i in colocated else it.rollout_s + it.train_s for i, it in enumerate(items)]
+    if max(chain) > budget:
+        return None
+    disagg = tuple(i for i in range(n) if i not in colocated)
+    rollout_load = [it.rollout_s for it in items]
+    train_load = [it.colo_s if i in colocated else it.train_s for i, it in enumerate(items)]
+    rollout_parts = _priced_partitions(items, disagg, Pool.ROLLOUT, rollout_load, cost, budget)
+    train_parts = _priced_partitions(items, tuple(range(n)), Pool.TRAIN, train_load, cost, budget)
+    ceiling = incumbent.cost_per_hour - _TOL if incumbent else float("inf")
+    pairs = sorted(
+        ((pr + pt, r, t) for pr, r in rollout_parts for pt, t in train_parts if pr + pt < ceiling),
+        key=lambda pair: pair[0],
+    )
+    for price, rbins, tbins in pairs:
+        if not _connected(n, rbins, tbins):
+            continue
+        for members in _layouts(items, rbins, tbins, colocated):
+            if not _fits_memory(members, cost):
+                continue
+            if not checks.take():
+                return None
+            periods = steady_state([m.seat(planning) for m in members]).periods
+            if all(p <= m.job.period_budget * (1 + _TOL) for m, p in zip(members, periods, strict=True)):
+                return Config(
+                    tuple(it.spec for it in items),
+                    members,
+                    rbins,
+                    tbins,
+                    tuple(sorted(colocated)),
+                    price,
+                    periods,
+                )
+    return None
+
+
+def _priced_partitions(
+    items: Sequence[_Job],
+    members: tuple[int, ...],
+    pool: Pool,
+    load: Sequence[float],
+    cost: CostModel,
+    budget: float,
+) -> list[tuple[float, tuple[tuple[int, ...], ...]]]:
+    """Every partition of ``members`` into bins whose average node load and memory fit."""
+    usable = cost.usable_dram_gb(pool)
+
+    def fits(block: tuple[int, ...]) -> bool:
+        width = max(items[i].spec.width(pool) for i in block)
+        work = sum(items[i].spec.width(pool) * load[i] for i in block)
+        mem = sum(items[i].spec.width(pool) * items[i].spec.mem_gb(pool) for i in block)
+        return work <= budget * width and mem <= (usable + _TOL) * width
+
+    out = []
+    for bins in _partitions(members, fits):
+        nodes = sum(max(items[i].spec.width(pool) for i in block) for block in bins)
+        out.append((nodes * cost.price(pool), bins))
+    return out
+
+
+def _partitions(items: tuple[int, ...], fits) -> Iterator[tuple[tuple[int, ...], ...]]:
+    """Partitions of ``items`` into blocks that each pass ``fits`` (blocks in index order)."""
+    if not items:
+        yield ()
+        return
+    first, rest = items[0], items[1:]
+    for k in range(len(rest) + 1):
+        for others in itertools.combinations(rest, k):
+            block = (first, *others)
+            if not fits(block):
+                continue
+            remaining = tuple(i for i in rest if i not in others)
+            for tail in _partitions(remaining, fits):
+                yield (block, *tail)
+
+
+def _connected(n: int, *partitions: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether shared bins link every job to every other."""
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for bins in partitions:
+        for block in bins:
+            for i in block[1:]:
+                parent[find(i)] = find(block[0])
+    return len({find(i) for i in range(n)}) == 1
+
+
+def _layouts(
+    items: Sequence[_Job],
+    rbins: tuple[tuple[int, ...], ...],
+    tbins: tuple[tuple[int, ...], ...],
+    colocated: frozenset[int],
+) -> Iterator[tuple[Member, ...]]:
+    """Every way to seat the jobs on their bins' nodes: training nodes are numbered first,
+    rollout nodes after; a job narrower than its bin may use any of its nodes."""
+    train_nodes = _bin_nodes(items, tbins, Pool.TRAIN, 0)
+    first_rollout = sum(max(items[i].spec.train_width for i in b) for b in tbins)
+    rollout_nodes = _bin_nodes(items, rbins, Pool.ROLLOUT, first_rollout)
+    choices = []
+    for i, it in enumerate(items):
+        trains = list(itertools.combinations(train_nodes[i], it.spec.train_width))
+        if i in colocated:
+            spec = with_colocated_times(it.spec)
+            choices.append([(spec, t, t) for t in trains])
+        else:
+            rollouts = itertools.combinations(rollout_nodes[i], it.spec.rollout_width)
+            choices.append([(it.spec, r, t) for r, t in itertools.product(rollouts, trains)])
+    for layout in itertools.product(*choices):
+        yield tuple(
+            Member(spec, rollout, train, colocated=i in colocated) for i, (spec, rollout, train) in enumerate(layout)
+        )
+
+
+def _bin_nodes(
+    items: Sequence[_Job], bins: tuple[tuple[int, ...], ...], pool: Pool, first: int
+) -> dict[int, tuple[int, ...]]:
+    out: dict[int, tuple[int, ...]] = {}
+    node = first
+    for block in bins:
+        width = max(items[i].spec.width(pool) for i in block)
+        for i in block:
+            out[i] = tuple(range(node, node + width))
+        node += width
+    return out
+
+
+def _fits_memory(members: Sequence[Member], cost: CostModel) -> bool:
+    """Resident state per node within its usable DRAM (a co-located job counts its
+    training state only, as the cluster does)."""
+    used: dict[tuple[Pool, int], float] = {}
+    for m in members:
+        if not m.colocated:
+            for node in m.rollout_nodes:
+                used[(Pool.ROLLOUT, node)] = used.get((Pool.ROLLOUT, node), 0.0) + m.job.rollout_mem_gb
+        for node in m.train_nodes:
+            used[(Pool.TRAIN, node)] = used.get((Pool.TRAIN, node), 0.0) + m.job.train_mem_gb
+    return all(gb <= cost.usable_dram_gb(pool) + _TOL for (pool, _), gb in used.items())
