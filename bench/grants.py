@@ -211,7 +211,9 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.jobs + 256)), hard))
     with tempfile.TemporaryDirectory() as folder:
-        service = ServiceProcess(Path(folder) / "state", extra=("--no-ray", "--lease-s", "30")).start()
+        service = ServiceProcess(
+            Path(folder) / "state", extra=("--no-ray", "--lease-s", "30", "--no-regroup", "--no-slo-guard")
+        ).start()
         try:
             asyncio.run(bench(service, args))
         finally:

@@ -30,9 +30,11 @@ def jobs(iterations: int) -> list[dict]:
 
 
 def run_jobs(specs: list[dict]) -> RunResult:
-    """The jobs on a fresh embedded control plane (its own state folder)."""
+    """The jobs on a fresh embedded control plane (its own state folder), kept where they
+    are placed: what is measured is two jobs taking turns on one pair of nodes."""
+    fixed = {"regroup": False, "slo_guard": False}
     with tempfile.TemporaryDirectory() as folder:
-        return run_plan(RunFile.model_validate({"jobs": specs}), Path(folder))
+        return run_plan(RunFile.model_validate({"cluster": fixed, "jobs": specs}), Path(folder))
 
 
 def train_ends(records: list[PhaseRecord], job: str) -> list[float]:

@@ -23,7 +23,7 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch
 from rollmux.core.placement import make_policy
-from rollmux.core.regroup import ConfigCache, RegroupConfig
+from rollmux.core.regroup import RegroupConfig, RegroupState
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime
 from rollmux.service.store import Store
 
@@ -291,7 +291,7 @@ class Scenario(RuleBasedStateMachine):
 
     @rule()
     def regroup(self):
-        self.state.regroup(RegroupConfig(), ConfigCache(), self.now)
+        self.state.regroup(RegroupConfig(), RegroupState(), self.now)
         self.persist()
 
     @precondition(lambda self: self.state.movable())

@@ -65,7 +65,10 @@ def test_workers_land_on_their_pool_and_a_queued_job_runs_when_nodes_free(cluste
     # The loner needs its own group (an SLO of 1 forbids sharing) but the only rollout
     # node is the group's: it waits until both jobs of the group are done.
     loner = job("loner", entrypoint=entry, rollout_s=5.0, slo=1.0)
-    plan = RunFile.model_validate({"jobs": [job("a", entrypoint=entry), job("b", entrypoint=entry), loner]})
+    fixed = {"regroup": False, "slo_guard": False}  # the group stays as placed until it is done
+    plan = RunFile.model_validate(
+        {"cluster": fixed, "jobs": [job("a", entrypoint=entry), job("b", entrypoint=entry), loner]}
+    )
     result = run_plan(plan, tmp_path, tick_s=0.2)
     assert not result.errors and {v["state"] for v in result.views.values()} == {"done"}
 

@@ -22,7 +22,7 @@ ITERATIONS = 8
 
 @pytest.fixture()
 def service(tmp_path):
-    extra = ("--rollout-nodes", "1", "--train-nodes", "1", "--lease-s", str(LEASE_S))
+    extra = ("--rollout-nodes", "1", "--train-nodes", "1", "--lease-s", str(LEASE_S), "--no-regroup", "--no-slo-guard")
     process = ServiceProcess(tmp_path / "state", extra=extra).start(timeout_s=120)
     yield process
     process.stop()

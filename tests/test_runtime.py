@@ -33,7 +33,10 @@ def job(name: str, seed: int = 0, iterations: int = 4, entrypoint: str | None = 
 
 
 def run(tmp_path: Path, *jobs: dict, **cluster) -> RunResult:
-    plan = RunFile.model_validate({"cluster": {"lease_s": 2.0, **cluster}, "jobs": list(jobs)})
+    """Jobs stay where they are placed (no regrouping, no SLO guard: tests/test_migration.py
+    tests those), so the turns of one group are what is measured."""
+    fixed = {"lease_s": 2.0, "regroup": False, "slo_guard": False}
+    plan = RunFile.model_validate({"cluster": {**fixed, **cluster}, "jobs": list(jobs)})
     return run_plan(plan, tmp_path / f"run-{time.monotonic_ns()}", tick_s=0.2)
 
 
@@ -194,34 +197,34 @@ def test_emulated_jobs_wait_their_phases_on_real_tensors(local_ray, tmp_path):
 def worker() -> PoolWorker:
     node = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
     for name, seed in (("a", 0), ("b", 1)):
-        node.load(name, 1, lambda seed=seed: GRPORollout(GRPOConfig(seed=seed, **SMALL)))
+        node.load(name, "rollout", 1, lambda seed=seed: GRPORollout(GRPOConfig(seed=seed, **SMALL)))
     return node
 
 
 def test_worker_refuses_a_call_outside_the_phase():
     node = worker()
     with pytest.raises(PhaseNotGranted):
-        node.call("a", 1, 1, "generate", 0)
-    node.wake("a", 1, 1)
-    assert node.call("a", 1, 1, "generate", 0)["iteration"] == 0
+        node.call("a", "rollout", 1, 1, "generate", 0)
+    node.wake("a", "rollout", 1, 1)
+    assert node.call("a", "rollout", 1, 1, "generate", 0)["iteration"] == 0
 
 
 def test_worker_fences_out_older_grants_and_epochs():
     node = worker()
-    node.wake("a", 1, 5)
-    node.wake("b", 1, 6)  # b's newer grant: a's role is put back to sleep
-    assert node.awake == "b" and not node.roles["a"].state.awake
+    node.wake("a", "rollout", 1, 5)
+    node.wake("b", "rollout", 1, 6)  # b's newer grant: a's role is put back to sleep
+    assert node.awake == ("b", "rollout") and not node.roles[("a", "rollout")].state.awake
     with pytest.raises((StaleEpoch, PhaseNotGranted)):
-        node.call("a", 1, 5, "generate", 0)
+        node.call("a", "rollout", 1, 5, "generate", 0)
     with pytest.raises(StaleEpoch, match="grant 5 of a is older than grant 6"):
-        node.wake("a", 1, 5)
-    node.load("a", 2, lambda: GRPORollout(GRPOConfig(**SMALL)))  # a restarted: epoch 2
+        node.wake("a", "rollout", 1, 5)
+    node.load("a", "rollout", 2, lambda: GRPORollout(GRPOConfig(**SMALL)))  # a restarted: epoch 2
     with pytest.raises(StaleEpoch, match="a epoch 1 is stale"):
-        node.load("a", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
+        node.load("a", "rollout", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
     with pytest.raises(StaleEpoch):
-        node.wake("a", 1, 7)
-    node.wake("a", 2, 7)
-    assert node.call("a", 2, 7, "generate", 0)["iteration"] == 0
+        node.wake("a", "rollout", 1, 7)
+    node.wake("a", "rollout", 2, 7)
+    assert node.call("a", "rollout", 2, 7, "generate", 0)["iteration"] == 0
 
 
 class SlowRollout(GRPORollout):
@@ -232,14 +235,14 @@ class SlowRollout(GRPORollout):
 
 def test_a_zombie_call_finishes_before_the_next_holder_wakes():
     node = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
-    node.load("zombie", 1, lambda: SlowRollout(GRPOConfig(**SMALL)))
-    node.load("next", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
-    node.wake("zombie", 1, 1)
+    node.load("zombie", "rollout", 1, lambda: SlowRollout(GRPOConfig(**SMALL)))
+    node.load("next", "rollout", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
+    node.wake("zombie", "rollout", 1, 1)
     finished: list[float] = []
-    call = threading.Thread(target=lambda: finished.append(node.call("zombie", 1, 1, "slow", 0.5)))
+    call = threading.Thread(target=lambda: finished.append(node.call("zombie", "rollout", 1, 1, "slow", 0.5)))
     call.start()
     time.sleep(0.1)
-    node.wake("next", 1, 2)
+    node.wake("next", "rollout", 1, 2)
     woke = time.monotonic()
     call.join()
     assert finished and finished[0] <= woke

@@ -21,7 +21,9 @@ LEASE_S = 2.0
 
 @pytest.fixture()
 def service(tmp_path):
-    process = ServiceProcess(tmp_path / "state", extra=("--no-ray", "--lease-s", str(LEASE_S))).start()
+    process = ServiceProcess(
+        tmp_path / "state", extra=("--no-ray", "--lease-s", str(LEASE_S), "--no-regroup", "--no-slo-guard")
+    ).start()
     yield process
     process.stop()
 

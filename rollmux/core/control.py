@@ -29,7 +29,7 @@ from typing import Any
 from rollmux.core.cluster import Candidate, Cluster, Group, Member, Removal
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch, UnknownJob
 from rollmux.core.placement import Policy, check_residency
-from rollmux.core.regroup import ConfigCache, RegroupConfig, RegroupPlan, apply_regroup, plan_regroup
+from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
@@ -41,8 +41,8 @@ ENDED_STATES = (DONE, FAILED, CANCELLED)
 SESSION_STATES = (STARTING, RUNNING)
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
-GUARD_SAMPLES = 3
-"""Phases of each kind measured of every member before the SLO guard judges a group."""
+GUARD_SAMPLES = 5
+"""Iterations of every member measured in its group as it is before the SLO guard judges it."""
 SLO_TOLERANCE = 0.02
 """The SLO guard acts on a planned slowdown beyond the SLO by more than this share."""
 PROFILE_TOLERANCE = 0.05
@@ -269,6 +269,10 @@ class ControlState:
         self.queue: list[str] = []
         self.turns: dict[int, CyclicTurns] = {}
         self.measured: dict[tuple[str, str], list[float]] = {}
+        self.periods: dict[str, list[float]] = {}
+        """Recent iteration periods (training release to training release) of each job in
+        its group as it is now (a change of the group's turns starts them anew)."""
+        self._trained_at: dict[str, float] = {}
         self.next_seq = 0
         self.next_token = 0
         self._delta = Delta()
@@ -418,6 +422,7 @@ class ControlState:
         job.cycles = self.turns[group.id].cycles[name]
         if phase == TRAIN:
             job.iteration += 1
+            self._count_period(name, now)
         job.grant, job.last_token = None, token
         self._touch(job)
         self._touch_group(group.id)
@@ -483,7 +488,7 @@ class ControlState:
 
     # --- moving running jobs --------------------------------------------------------------
 
-    def regroup(self, config: RegroupConfig, cache: ConfigCache, now: float) -> list[str] | None:
+    def regroup(self, config: RegroupConfig, cache: RegroupState, now: float) -> list[str] | None:
         """Run the core's regrouping (the simulator's very code) and start the moves it
         decides; the jobs moved, or None when it cannot run now (see :meth:`settled`)."""
         if not self.settled():
@@ -513,23 +518,24 @@ class ControlState:
         return frozenset((g.id, tuple(m.job.name for m in g.members)) for g in self.cluster.groups.values())
 
     def guard(self, now: float) -> list[str]:
-        """The SLO guard: in a group whose schedule, with measured phase times, breaks a
-        member's SLO (its planned period beyond SLO × its own phases planned alike: the
-        spread of a job's own phases is not its partners' doing, and moving cannot cure
-        it), the member with the longest iteration (the one stretching the others
-        most) is placed anew, as an arriving job would be, and moved there. Returns the
-        jobs moved (at most one per group and call: the next call sees the new schedule)."""
+        """The SLO guard. A group is re-planned when a member's measured slowdown (the
+        median of its last iteration periods in the group over its measured solo time)
+        exceeds its SLO, and the core's schedule with the measured phase times agrees
+        that the group breaks it (the member's planned period beyond SLO × its own
+        phases planned alike: a job's own spread is not its partners' doing). The member
+        with the longest iteration (the one stretching the others most) is then placed
+        anew, as an arriving job would be, and moved there. Returns the jobs moved (at
+        most one per group and call: the next call sees the new schedule)."""
         moved = []
         for group in list(self.cluster.groups.values()):
-            if len(group.members) < 2:
+            if len(group.members) < 2 or any(not self._guardable(m.job.name) for m in group.members):
                 continue
-            worst = max(
+            measured = max(self._measured_slowdown(m.job.name) / m.job.slo for m in group.members)
+            planned = max(
                 period / (m.job.slo * m.seat(self.cluster.planning).solo_s)
                 for m, period in zip(group.members, group.schedule.periods, strict=True)
             )
-            if worst <= 1 + SLO_TOLERANCE:
-                continue
-            if any(not self._guardable(m.job.name) for m in group.members):
+            if min(measured, planned) <= 1 + SLO_TOLERANCE:
                 continue
             spec = max((m.job for m in group.members), key=lambda job: job.solo_iteration())
             name = spec.name
@@ -538,21 +544,24 @@ class ControlState:
             candidate = self.policy.choose(trial, spec)
             short = self._shortfall(candidate)
             if short:
-                self.explain(name, f"its group breaks an SLO (slowdown {worst:.2f}× the SLO); {short}")
+                self.explain(name, f"its group runs at {measured:.2f}× an SLO; {short}")
                 continue
             origins = {name: self._origin(name)}
             before = dict(self.cluster.node_pool)
             self.cluster.remove(name)
             self.cluster.commit(candidate)
-            self._start_moves(origins, before, {group.id}, now, f"slo guard: group at {worst:.2f}× an SLO")
+            self._start_moves(origins, before, {group.id}, now, f"slo guard: group ran at {measured:.2f}× an SLO")
             moved.append(name)
         return moved
 
     def _guardable(self, name: str) -> bool:
-        """Running in its turns with both phases measured a few times: a group whose
-        members are half estimated, half measured is not judged (an estimate may be far off)."""
-        counts = [len(self.measured.get((name, phase), ())) for phase in (ROLLOUT, TRAIN)]
-        return self.jobs[name].in_turns and min(counts) >= GUARD_SAMPLES
+        """Running in its turns, with a few iterations measured in its group as it is now."""
+        return self.jobs[name].in_turns and len(self.periods.get(name, ())) >= GUARD_SAMPLES
+
+    def _measured_slowdown(self, name: str) -> float:
+        """Median of the job's recent iteration periods over its measured solo iteration."""
+        solo = sum(statistics.fmean(self.measured[(name, phase)]) for phase in (ROLLOUT, TRAIN))
+        return statistics.median(self.periods[name][-GUARD_SAMPLES:]) / solo
 
     def moving(self) -> list[str]:
         return [j.name for j in self.jobs.values() if j.move is not None]
@@ -718,6 +727,8 @@ class ControlState:
                 del self.jobs[name]
                 for phase in (ROLLOUT, TRAIN):
                     self.measured.pop((name, phase), None)
+                self.periods.pop(name, None)
+                self._trained_at.pop(name, None)
         self._dirty_jobs, self._dirty_groups = set(), set()
         return delta
 
@@ -889,8 +900,17 @@ class ControlState:
         for name in jobs:
             turns.next_phase[name] = self.jobs[name].next_phase
             self.jobs[name].cycles = turns.cycles[name]
+            self.periods.pop(name, None)
+            self._trained_at.pop(name, None)
         self._hold_for_movers(turns)
         self.turns[group.id] = turns
+
+    def _count_period(self, name: str, now: float) -> None:
+        if name in self._trained_at:
+            window = self.periods.setdefault(name, [])
+            window.append(now - self._trained_at[name])
+            del window[:-PROFILE_WINDOW]
+        self._trained_at[name] = now
 
     def _hold_for_movers(self, turns: CyclicTurns) -> None:
         """Nodes of the group that a job moving away still holds stay its until it releases."""

@@ -132,6 +132,8 @@ class ClusterFields(BaseModel):
         default_factory=dict, description="GPUs each worker asks Ray for, per pool (e.g. {train: 8})"
     )
     lease_s: float = Field(default=10.0, ge=0.5, le=3600, description="a session not heard from for this long is lost")
+    regroup: bool = Field(default=True, description="move running jobs when a re-placement pays for its move")
+    slo_guard: bool = Field(default=True, description="move a job out of a group whose real times break an SLO")
 
     @field_validator("gpus_per_node")
     @classmethod

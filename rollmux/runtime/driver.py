@@ -44,7 +44,7 @@ class JobDriver:
             workers = {node: worker_of(node) for phase_nodes in nodes.values() for node in phase_nodes}
             ray.get(
                 [
-                    workers[node].load.remote(job, turns.epoch, program.role_factory(phase))
+                    workers[node].load.remote(job, phase, turns.epoch, program.role_factory(phase))
                     for phase, phase_nodes in nodes.items()
                     for node in phase_nodes
                 ]

@@ -51,16 +51,20 @@ class RayExecutor:
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
         await asyncio.gather(*(self.nodes.ready(node) for node in nodes))
 
-    async def transfer(self, job: str, epoch: int, pairs: list[tuple[int, int]]) -> int:
-        """Move a job's roles from its old nodes to its new ones, each new worker pulling
-        from the old one directly; the old copies are dropped once every role has landed.
-        Returns the bytes moved. A worker that died loses the job's state (RayActorError)."""
-        nodes = {n for pair in pairs for n in pair}
+    async def transfer(self, job: str, epoch: int, pairs: list[tuple[str, int, int]]) -> int:
+        """Move a job's roles — (phase, old node, new node) — to their new nodes, each new
+        worker pulling from the old one directly; the old copies are dropped once every
+        role has landed. Returns the bytes moved. A worker that died loses the job's state
+        (RayActorError)."""
+        nodes = {n for _, old, new in pairs for n in (old, new)}
         await asyncio.gather(*(self.nodes.ready(n) for n in nodes if n in self.nodes.nodes))
         workers = {n: self.nodes.nodes[n].worker if n in self.nodes.nodes else worker_of(n) for n in nodes}
-        moved = await asyncio.gather(*(workers[new].adopt.remote(job, epoch, workers[old]) for old, new in pairs))
+        moved = await asyncio.gather(
+            *(workers[new].adopt.remote(job, phase, epoch, workers[old]) for phase, old, new in pairs)
+        )
         failpoint("move:adopted")
-        await asyncio.gather(*(workers[old].unload.remote(job) for old in dict.fromkeys(old for old, _ in pairs)))
+        olds = dict.fromkeys(old for _, old, new in pairs)
+        await asyncio.gather(*(workers[old].unload.remote(job) for old in olds if old not in {n for *_, n in pairs}))
         return sum(moved)
 
     async def start_driver(self, job: str, incarnation: int) -> None:

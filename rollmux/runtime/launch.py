@@ -97,6 +97,7 @@ def run_plan(
 def _local_control_plane(run: RunFile, out: Path):
     """The Ray cluster's control plane if it has one, else one embedded here (state in
     ``out/state``). Returns the client and the embedded service (None when joined)."""
+    from rollmux.core.regroup import RegroupConfig
     from rollmux.runtime import registry
     from rollmux.service.server import ServeOptions, Service
 
@@ -114,6 +115,8 @@ def _local_control_plane(run: RunFile, out: Path):
         lease_s=cluster.lease_s,
         host_memory_gb=cluster.host_memory_gb,
         gpus_per_node={Pool(pool): gpus for pool, gpus in cluster.gpus_per_node.items()},
+        regroup=RegroupConfig() if cluster.regroup else None,
+        slo_guard=cluster.slo_guard,
     )
     service = Service(options).start()
     return Client(service.url, service.token), service

@@ -20,7 +20,7 @@ from typing import Any
 
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
 from rollmux.inputs.trace import Trace, TraceJob
-from rollmux.service.client import Client
+from rollmux.service.client import Client, ServiceError
 
 EMULATED = "rollmux.jobs.emulated:EmulatedJob.from_context"
 FOREVER = 10_000_000
@@ -123,7 +123,7 @@ def run(
         if arriving:
             client.request("POST", "/v1/jobs", json=submission(job.spec, options))
         else:
-            client.request("DELETE", f"/v1/jobs/{job.spec.name}")
+            _depart(client, job.spec.name)
     log = ReplayLog(began, time.time())
     names = [job.spec.name for job in trace.jobs]
     log.node_log = _pages(client, "/v1/nodes/log")
@@ -132,6 +132,16 @@ def run(
     log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
     log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
     return log
+
+
+def _depart(client: Client, name: str) -> None:
+    """Cancel the job at its departure; one that already ended (it failed) stays as it ended:
+    its state and cause are in the report."""
+    try:
+        client.request("DELETE", f"/v1/jobs/{name}")
+    except ServiceError as error:
+        if error.status != 409:
+            raise
 
 
 def _pages(client: Client, path: str) -> list[dict[str, Any]]:

@@ -51,6 +51,11 @@ class Session:
         """The workers of the job's nodes for ``phase``, where it sits now."""
         return [self._worker(n) for n in (self.rollout_nodes if phase == ROLLOUT else self.train_nodes)]
 
+    def _granted_workers(self) -> list[Any]:
+        """The workers of the phase held now: its grant names them."""
+        assert self.grant is not None
+        return [self._worker(n) for n in self.grant.nodes]
+
     def _worker(self, node: int) -> Any:
         if node not in self.workers:
             self.workers[node] = worker_of(node)
@@ -66,7 +71,7 @@ class Session:
         self.grant = grant
         if grant.rollout_nodes or grant.train_nodes:  # the job may have moved since its last phase
             self.rollout_nodes, self.train_nodes = grant.rollout_nodes, grant.train_nodes
-        wakes = [w.wake.remote(self.job, self.epoch, grant.token) for w in self.workers_of(phase)]
+        wakes = [w.wake.remote(self.job, phase, self.epoch, grant.token) for w in self._granted_workers()]
         self._wake_s = max(ray.get(wakes))
         self._started = time.perf_counter()
 
@@ -74,8 +79,8 @@ class Session:
         grant = self.grant
         assert grant is not None and grant.phase == phase, f"{self.job}: left {phase} without holding it"
         busy_s = time.perf_counter() - self._started
+        sleeps = [w.sleep.remote(self.job, phase, self.epoch, grant.token) for w in self._granted_workers()]
         self.grant = None
-        sleeps = [w.sleep.remote(self.job, self.epoch, grant.token) for w in self.workers_of(phase)]
         sleep_s = max(ray.get(sleeps))
         self.turns.release(grant, busy_s, self._wake_s, sleep_s)
         handback = time.perf_counter() - self._started - busy_s
@@ -93,7 +98,7 @@ class Session:
         """
         if self.grant is None or self.grant.phase != phase:
             raise RuntimeError(f"{self.job}: {phase} role called outside its phase")
-        ref = self.workers_of(phase)[0].call.remote(self.job, self.epoch, self.grant.token, method, *args)
+        ref = self._granted_workers()[0].call.remote(self.job, phase, self.epoch, self.grant.token, method, *args)
         ray.wait([ref], fetch_local=False)
         return ref
 

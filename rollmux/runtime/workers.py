@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import ray
 
 from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch
+from rollmux.core.roundrobin import ROLLOUT
 from rollmux.service.failpoints import failpoint
 
 if TYPE_CHECKING:  # roles bring torch with them; the worker itself does not need it
@@ -38,6 +39,10 @@ class Role(Protocol):
     state: RoleState
 
 
+RoleKey = tuple[str, str]
+"""A role on a worker: (job, phase). A co-located job keeps both of its roles on one node."""
+
+
 class PoolWorker:
     """Hosts job roles on one logical node; wrapped by ``ray.remote`` in :mod:`nodes`."""
 
@@ -45,11 +50,11 @@ class PoolWorker:
         self.node_id = node_id
         self.pool = pool
         self.host_limit_bytes = host_limit_bytes
-        self.roles: dict[str, Role] = {}
+        self.roles: dict[RoleKey, Role] = {}
         self.epochs: dict[str, int] = {}
         self.pending_weights: dict[str, tuple[int, dict]] = {}
         self.fence = 0
-        self.awake: str | None = None
+        self.awake: RoleKey | None = None
         self.running = threading.Lock()
         self.accounting = threading.Lock()
 
@@ -57,69 +62,26 @@ class PoolWorker:
         """The logical node and the Ray node this worker runs on."""
         return {"node_id": self.node_id, "pool": self.pool, "ray_node_id": ray.get_runtime_context().get_node_id()}
 
-    def load(self, job: str, epoch: int, factory: Callable[[], Role]) -> dict[str, float]:
-        """Cold start of a job's role for session ``epoch``: build it, then put it to sleep
-        in host memory. It replaces the role of an older epoch of the same job."""
+    def load(self, job: str, phase: str, epoch: int, factory: Callable[[], Role]) -> dict[str, float]:
+        """Cold start of a job's ``phase`` role for session ``epoch``: build it, then put it
+        to sleep in host memory. It replaces the roles of an older epoch of the same job."""
         self._check_epoch(job, epoch)
         start = time.perf_counter()
         role = factory()
         role.state.sleep()
-        needed = role.state.host_bytes()
-        with self.accounting:
-            self._check_epoch(job, epoch)
-            used = sum(r.state.host_bytes() for j, r in self.roles.items() if j != job)
-            if used + needed > self.host_limit_bytes:
-                raise ResidencyExceeded(
-                    f"node {self.node_id} ({self.pool}): {job} needs {needed / 2**20:.1f} MiB of host memory, "
-                    f"{(self.host_limit_bytes - used) / 2**20:.1f} MiB of {self.host_limit_bytes / 2**20:.1f} MiB left"
-                )
-            self.epochs[job] = epoch
-            self.roles[job] = role
-            self.pending_weights.pop(job, None)
-            if self.awake == job:
-                self.awake = None
-        return {"cold_s": time.perf_counter() - start, "host_bytes": float(needed)}
-
-    def export(self, job: str, epoch: int) -> tuple[Role, tuple[int, dict] | None]:
-        """The job's sleeping role and its undelivered weights, for the worker of its new
-        node (a move). The role stays here until the move is complete."""
-        self._check_epoch(job, epoch, exact=True)
-        failpoint("move:export")
-        role = self._role(job)
-        if role.state.awake:
-            raise PhaseNotGranted(f"{job} is awake on node {self.node_id}: it moves between phases only")
-        return role, self.pending_weights.get(job)
-
-    def adopt(self, job: str, epoch: int, source: ray.actor.ActorHandle) -> int:
-        """Take the job's role over from the worker of its old node, worker to worker (the
-        driver is not involved); returns the bytes moved (0: it was already here)."""
-        self._check_epoch(job, epoch)
-        if self.epochs.get(job) == epoch and job in self.roles:
-            return 0
-        role, pending = ray.get(source.export.remote(job, epoch))
-        needed = role.state.host_bytes()
-        with self.accounting:
-            self._check_epoch(job, epoch)
-            used = sum(r.state.host_bytes() for j, r in self.roles.items() if j != job)
-            if used + needed > self.host_limit_bytes:
-                raise ResidencyExceeded(
-                    f"node {self.node_id} ({self.pool}): {job} moving in needs {needed / 2**20:.1f} MiB of host "
-                    f"memory, {(self.host_limit_bytes - used) / 2**20:.1f} MiB left"
-                )
-            self.epochs[job] = epoch
-            self.roles[job] = role
-            if pending is not None:
-                self.pending_weights[job] = pending
-        return needed
+        self._seat(job, phase, epoch, role, None)
+        return {"cold_s": time.perf_counter() - start, "host_bytes": float(role.state.host_bytes())}
 
     def unload(self, job: str) -> None:
+        """Drop every role of the job from this node."""
         with self.accounting:
-            self.roles.pop(job, None)
+            for key in [k for k in self.roles if k[0] == job]:
+                del self.roles[key]
             self.pending_weights.pop(job, None)
-            if self.awake == job:
+            if self.awake is not None and self.awake[0] == job:
                 self.awake = None
 
-    def wake(self, job: str, epoch: int, token: int) -> float:
+    def wake(self, job: str, phase: str, epoch: int, token: int) -> float:
         """Bring the job's role onto the device for the grant ``token``; apply weights
         delivered while it slept. A role still awake from a revoked grant is put to sleep."""
         with self.running:
@@ -128,59 +90,104 @@ class PoolWorker:
                 raise StaleEpoch(f"node {self.node_id}: grant {token} of {job} is older than grant {self.fence}")
             self.fence = token
             seconds = 0.0
-            if self.awake is not None and self.awake != job and self.awake in self.roles:
+            key = (job, phase)
+            if self.awake is not None and self.awake != key and self.awake in self.roles:
                 seconds += self.roles[self.awake].state.sleep()
-            role = self._role(job)
+            role = self._role(key)
             seconds += role.state.wake()
-            self.awake = job
-            if job in self.pending_weights:
+            self.awake = key
+            if phase == ROLLOUT and job in self.pending_weights:
                 version, weights = self.pending_weights.pop(job)
                 start = time.perf_counter()
                 role.load_weights(version, weights)  # type: ignore[attr-defined]
                 seconds += time.perf_counter() - start
             return seconds
 
-    def sleep(self, job: str, epoch: int, token: int) -> float:
+    def sleep(self, job: str, phase: str, epoch: int, token: int) -> float:
         with self.running:
-            self._check_holder(job, epoch, token)
+            self._check_holder(job, phase, epoch, token)
             self.awake = None
-            return self._role(job).state.sleep()
+            return self._role((job, phase)).state.sleep()
 
     def deliver(self, job: str, epoch: int, published: tuple[int, dict]) -> int:
-        """Receive a job's new weights (version, tensors); they are applied at its next wake.
+        """Receive a job's new weights (version, tensors) for its rollout role; they are
+        applied at its next wake.
 
         Runs beside another job's phase (the actor is threaded) and only stores a reference.
         """
         self._check_epoch(job, epoch, exact=True)
-        self._role(job)
+        self._role((job, ROLLOUT))
         version, weights = published
         self.pending_weights[job] = (version, weights)
         return version
 
-    def call(self, job: str, epoch: int, token: int, method: str, *args: Any) -> Any:
+    def call(self, job: str, phase: str, epoch: int, token: int, method: str, *args: Any) -> Any:
         """Run one method of the job's role; only while its grant is the node's newest."""
         with self.running:
             self._check_epoch(job, epoch, exact=True)
-            if not self._role(job).state.awake:
+            if not self._role((job, phase)).state.awake:
                 raise PhaseNotGranted(f"{job} called {method} on node {self.node_id} outside its phase")
-            self._check_holder(job, epoch, token)
-            return getattr(self.roles[job], method)(*args)
+            self._check_holder(job, phase, epoch, token)
+            return getattr(self.roles[(job, phase)], method)(*args)
+
+    def export(self, job: str, phase: str, epoch: int) -> tuple[Role, tuple[int, dict] | None]:
+        """The job's sleeping role and its undelivered weights, for the worker of its new
+        node (a move). The role stays here until the move is complete."""
+        self._check_epoch(job, epoch, exact=True)
+        failpoint("move:export")
+        role = self._role((job, phase))
+        if role.state.awake:
+            raise PhaseNotGranted(f"{job} is awake on node {self.node_id}: it moves between phases only")
+        return role, self.pending_weights.get(job) if phase == ROLLOUT else None
+
+    def adopt(self, job: str, phase: str, epoch: int, source: ray.actor.ActorHandle) -> int:
+        """Take the job's role over from the worker of its old node, worker to worker (the
+        driver is not involved); returns the bytes moved (0: it was already here)."""
+        self._check_epoch(job, epoch)
+        if self.epochs.get(job) == epoch and (job, phase) in self.roles:
+            return 0
+        role, pending = ray.get(source.export.remote(job, phase, epoch))
+        self._seat(job, phase, epoch, role, pending)
+        return role.state.host_bytes()
 
     def host_bytes(self) -> int:
         with self.accounting:
             return sum(role.state.host_bytes() for role in self.roles.values())
+
+    def _seat(self, job: str, phase: str, epoch: int, role: Role, pending: tuple[int, dict] | None) -> None:
+        """Keep a sleeping role here if the node's host memory has room for it."""
+        needed = role.state.host_bytes()
+        with self.accounting:
+            self._check_epoch(job, epoch)
+            if self.epochs.get(job, epoch) != epoch:  # a newer session: the older one's roles go
+                for key in [k for k in self.roles if k[0] == job]:
+                    del self.roles[key]
+            used = sum(r.state.host_bytes() for k, r in self.roles.items() if k != (job, phase))
+            if used + needed > self.host_limit_bytes:
+                raise ResidencyExceeded(
+                    f"node {self.node_id} ({self.pool}): {job} needs {needed / 2**20:.1f} MiB of host memory, "
+                    f"{(self.host_limit_bytes - used) / 2**20:.1f} MiB of {self.host_limit_bytes / 2**20:.1f} MiB left"
+                )
+            self.epochs[job] = epoch
+            self.roles[(job, phase)] = role
+            if pending is not None:
+                self.pending_weights[job] = pending
+            elif phase == ROLLOUT:
+                self.pending_weights.pop(job, None)
+            if self.awake == (job, phase):
+                self.awake = None
 
     def _check_epoch(self, job: str, epoch: int, exact: bool = False) -> None:
         known = self.epochs.get(job, 0)
         if epoch < known or (exact and epoch != known):
             raise StaleEpoch(f"node {self.node_id}: {job} epoch {epoch} is stale (the node holds epoch {known})")
 
-    def _check_holder(self, job: str, epoch: int, token: int) -> None:
+    def _check_holder(self, job: str, phase: str, epoch: int, token: int) -> None:
         self._check_epoch(job, epoch, exact=True)
-        if token != self.fence or self.awake != job:
+        if token != self.fence or self.awake != (job, phase):
             raise StaleEpoch(f"node {self.node_id}: grant {token} of {job} no longer holds it (newest: {self.fence})")
 
-    def _role(self, job: str) -> Role:
-        if job not in self.roles:
-            raise KeyError(f"job {job} has no role on node {self.node_id}")
-        return self.roles[job]
+    def _role(self, key: RoleKey) -> Role:
+        if key not in self.roles:
+            raise KeyError(f"job {key[0]} has no {key[1]} role on node {self.node_id}")
+        return self.roles[key]

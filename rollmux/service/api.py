@@ -109,13 +109,13 @@ class Released(BaseModel):
 def _grant_view(control: ControlPlane, grant: Grant | None) -> dict[str, Any]:
     if grant is None:
         return {"granted": False}
-    seat = control.state.seat(grant.job)
+    rollout_nodes, train_nodes = control.roles_at(grant.job)
     return {
         "granted": True,
         "phase": grant.phase,
         "nodes": list(grant.nodes),
-        "rollout_nodes": list(seat.rollout_nodes) if seat else [],
-        "train_nodes": list(seat.train_nodes) if seat else [],
+        "rollout_nodes": list(rollout_nodes),
+        "train_nodes": list(train_nodes),
         "granted_ago_s": max(0.0, control.clock() - grant.granted_at),
         "epoch": grant.epoch,
         "token": grant.token,

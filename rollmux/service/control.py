@@ -41,9 +41,9 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
-from rollmux.core.regroup import ConfigCache, RegroupConfig, plan_regroup
+from rollmux.core.regroup import RegroupConfig, RegroupState, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.failpoints import failpoint
 from rollmux.service.journal import Journal
@@ -69,8 +69,8 @@ class Executor(Protocol):
         """Return once these nodes are reserved and their workers are up."""
         ...
 
-    async def transfer(self, job: str, epoch: int, pairs: list[tuple[int, int]]) -> int:
-        """Carry a moving job's state from old to new nodes (pairs of node ids); its bytes."""
+    async def transfer(self, job: str, epoch: int, pairs: list[tuple[str, int, int]]) -> int:
+        """Carry a moving job's roles (phase, old node, new node) to their new nodes; its bytes."""
         ...
 
     async def start_driver(self, job: str, incarnation: int) -> None:
@@ -102,7 +102,7 @@ class NoExecutor:
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
         return None
 
-    async def transfer(self, job: str, epoch: int, pairs: list[tuple[int, int]]) -> int:
+    async def transfer(self, job: str, epoch: int, pairs: list[tuple[str, int, int]]) -> int:
         return 0  # jobs that run their own workers follow their grants' nodes
 
     async def start_driver(self, job: str, incarnation: int) -> None:
@@ -173,8 +173,7 @@ class ControlPlane:
         self._carrying: dict[str, asyncio.Task] = {}
         self._syncing = asyncio.Lock()
         self._regroup_due = options.regroup is not None
-        self._configs = ConfigCache()
-        self._planned_specs: dict[str, JobSpec] = {}
+        self._regrouping = RegroupState()
 
     # --- life ----------------------------------------------------------------------------
 
@@ -536,7 +535,10 @@ class ControlPlane:
         if not done and name in self.state.jobs:
             self.state.explain(name, f"waiting for Ray to reserve node(s) {', '.join(map(str, nodes))}")
             await self._persist()
-        await reserved
+        try:
+            await reserved
+        except KeyError:
+            return  # its nodes were released meanwhile: it ended before it could start
         job = self.state.jobs.get(name)
         if job is None or job.state != PLACED or job.launch != incarnation:
             return
@@ -578,26 +580,15 @@ class ControlPlane:
             moved += self.state.guard(self.clock())
         config = self.options.regroup
         if config is not None and self._regroup_due and not moved and self.state.settled():
-            self._forget_stale_configs()
             seating = self.state.seating()
             snapshot = copy.deepcopy(self.state.cluster)
-            plan = await asyncio.to_thread(plan_regroup, snapshot, config, self._configs)
+            plan = await asyncio.to_thread(plan_regroup, snapshot, config, self._regrouping)
             if self.state.seating() == seating and self.state.settled():
                 self._regroup_due = False
                 moved += self.state.start_regroup(plan, self.clock())
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
-
-    def _forget_stale_configs(self) -> None:
-        """The cheapest configuration of a set of jobs depends on their specs: forget those
-        of sets with a job that left or whose phase times were re-measured since."""
-        specs = {job.name: job for job in self.state.cluster.jobs()}
-        stale = {name for name, spec in self._planned_specs.items() if specs.get(name) != spec}
-        if stale:
-            plans = self._configs.plans
-            self._configs.plans = {names: plan for names, plan in plans.items() if not names & stale}
-        self._planned_specs = specs
 
     def _carry(self, names: Iterable[str]) -> None:
         """Carry over the state of moving jobs that reached their phase boundary."""
@@ -614,8 +605,8 @@ class ControlPlane:
             return
         move, epoch = job.move, job.epoch
         pairs = [
-            *zip(move.rollout_from, seat.rollout_nodes, strict=True),
-            *zip(move.train_from, seat.train_nodes, strict=True),
+            *((ROLLOUT, old, new) for old, new in zip(move.rollout_from, seat.rollout_nodes, strict=True)),
+            *((TRAIN, old, new) for old, new in zip(move.train_from, seat.train_nodes, strict=True)),
         ]
         failpoint("move:before-transfer")
         try:
@@ -641,6 +632,15 @@ class ControlPlane:
         node placed meanwhile)."""
         async with self._syncing:
             await self.executor.sync_nodes({**self.state.draining(), **self.state.cluster.node_pool})
+
+    def roles_at(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The rollout and training nodes the job's roles are on: its old seat while it is
+        moving (it is granted phases there only), else its seat."""
+        job = self.state.jobs.get(name)
+        if job is not None and job.move is not None:
+            return job.move.rollout_from, job.move.train_from
+        seat = self.state.seat(name)
+        return (seat.rollout_nodes, seat.train_nodes) if seat else ((), ())
 
     async def moves(self, after: int, limit: int) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.store.moves, after, limit)
