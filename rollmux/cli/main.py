@@ -328,6 +328,14 @@ def replay(
     regroup: Annotated[
         bool, typer.Option("--regroup/--no-regroup", help="Let RollMux migrate running jobs when it pays")
     ] = True,
+    slo_guard: Annotated[
+        bool,
+        typer.Option(
+            "--slo-guard/--no-slo-guard",
+            help="Run the live SLO guard too (off: emulated jobs run their trace times exactly, and the "
+            "simulator has no guard to compare with)",
+        ),
+    ] = False,
     hours: Annotated[
         tuple[float, float] | None, typer.Option("--window", help="Replay only hours START to END of the trace")
     ] = None,
@@ -347,7 +355,7 @@ def replay(
         if not 0 <= hours[0] < hours[1]:
             raise ValueError(f"--window: {hours[0]} to {hours[1]} hours is not a window")
         loaded = window(loaded, *hours)
-    report = execute(loaded, ReplayOptions(time_scale, mib_per_gb), out_dir, out, seed, planning, regroup)
+    report = execute(loaded, ReplayOptions(time_scale, mib_per_gb), out_dir, out, seed, planning, regroup, slo_guard)
     if json_out:
         write(report, json_out)
         out.print(f"results: {json_out}")

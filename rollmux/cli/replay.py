@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def execute(
     seed: int,
     planning: Planning,
     regroup: bool,
+    slo_guard: bool = False,
 ) -> dict[str, Any]:
     """Simulate the trace, replay it live, and write both side by side."""
     simulated = compare(trace, ["rollmux"], seed=seed, planning=planning, regroup=RegroupConfig() if regroup else None)
@@ -54,6 +56,7 @@ def execute(
             rollout_nodes=rollout,
             train_nodes=train,
             regroup=scaled_regroup(options.time_scale) if regroup else None,
+            slo_guard=slo_guard,
         )
     ).start()
     try:
@@ -105,11 +108,11 @@ def scaled_regroup(time_scale: float) -> RegroupConfig:
     """The simulator's regrouping with its times divided by the time scale: the live
     control plane, whose phases are ``time_scale`` times shorter, decides the same moves."""
     default = RegroupConfig()
-    return RegroupConfig(
+    return replace(
+        default,
         s_per_gb=default.s_per_gb / time_scale,
         pause_s=default.pause_s / time_scale,
         horizon_s=default.horizon_s / time_scale,
-        max_group=default.max_group,
     )
 
 

@@ -229,12 +229,11 @@ class Cluster:
         return Removal(job, group.id, released)
 
     def update_phase_times(self, job: str, rollout: PhaseTime, train: PhaseTime) -> None:
-        """Replace a running job's phase profile (e.g. by measured times) and reschedule its group."""
+        """Replace a running job's phase profile where it sits (e.g. by measured times): its
+        co-located times if it is seated co-located, else its disaggregated ones; reschedule
+        its group."""
         group = self.group_of(job)
-        group.members = [
-            replace(m, job=replace(m.job, rollout=rollout, train=train)) if m.job.name == job else m
-            for m in group.members
-        ]
+        group.members = [(_with_phases(m, rollout, train) if m.job.name == job else m) for m in group.members]
         self._reschedule(group)
 
     def slowdowns(self) -> dict[str, float]:
@@ -256,6 +255,20 @@ class Cluster:
     def jobs(self) -> Iterable[JobSpec]:
         return (m.job for g in self.groups.values() for m in g.members)
 
+    def reserve_ids(self, count: int) -> int:
+        """Set aside the next ``count`` node ids (for nodes being readied before a change that
+        will allocate them); returns the first. :meth:`reuse_ids` hands them out again."""
+        first = self._next_node
+        self._next_node += count
+        return first
+
+    def reuse_ids(self, first: int, count: int) -> bool:
+        """Allocate the ids set aside by :meth:`reserve_ids` next, if none was allocated since."""
+        if self._next_node != first + count:
+            return False
+        self._next_node = first
+        return True
+
     def _allocate(self, pool: Pool) -> int:
         node = self._next_node
         self._next_node += 1
@@ -265,3 +278,9 @@ class Cluster:
     def _reschedule(self, group: Group) -> None:
         group.schedule = steady_state(group.seats(self.planning))
         group.budget_s = min(m.job.period_budget for m in group.members)
+
+
+def _with_phases(member: Member, rollout: PhaseTime, train: PhaseTime) -> Member:
+    if member.colocated:
+        return replace(member, job=replace(member.job, colocated=(rollout, train)))
+    return replace(member, job=replace(member.job, rollout=rollout, train=train))

@@ -488,24 +488,40 @@ class ControlState:
 
     # --- moving running jobs --------------------------------------------------------------
 
-    def regroup(self, config: RegroupConfig, cache: RegroupState, now: float) -> list[str] | None:
-        """Run the core's regrouping (the simulator's very code) and start the moves it
-        decides; the jobs moved, or None when it cannot run now (see :meth:`settled`)."""
-        if not self.settled():
-            return None
-        return self.start_regroup(plan_regroup(self.cluster, config, cache), now)
+    def regroup(self, config: RegroupConfig, cache: RegroupState, now: float) -> list[str]:
+        """Run the core's regrouping (the simulator's very code) over the settled groups
+        and start the moves it decides; the jobs moved."""
+        return self.start_regroup(plan_regroup(self.movable_view(), config, cache), now)
+
+    def movable_view(self) -> Cluster:
+        """A copy of the cluster with only the groups whose jobs all run in their turns: a
+        job still loading its roles, or already on its way, cannot be moved, nor can the
+        jobs it shares nodes with (their turns include it)."""
+        view = copy.deepcopy(self.cluster)
+        for group in list(view.groups.values()):
+            if not all(self.jobs[m.job.name].in_turns for m in group.members):
+                for member in list(group.members):
+                    view.remove(member.job.name)
+        return view
 
     def settled(self) -> bool:
-        """Every seated job is running in its turns and none is moving: a job still loading
-        its roles, or already on its way, cannot be moved."""
+        """Every seated job is running in its turns and none is moving."""
         return all(self.jobs[job.name].in_turns for job in self.cluster.jobs())
 
-    def start_regroup(self, plan: RegroupPlan | None, now: float) -> list[str]:
-        """Start the moves of a regrouping planned on this very seating."""
+    def reserve_node_ids(self, count: int) -> int:
+        """Set aside node ids for a regrouping whose new nodes are readied first; the first id."""
+        return self.cluster.reserve_ids(count)
+
+    def start_regroup(self, plan: RegroupPlan | None, now: float, reserved: tuple[int, int] | None = None) -> list[str]:
+        """Start the moves of a regrouping planned on this very seating. ``reserved`` (first
+        id, count): its new nodes take those ids, readied beforehand; if ids were handed
+        out since, nothing is done (the caller plans again)."""
         if plan is None:
             return []
-        if not self.settled():
-            raise PhaseOrderError("regrouping needs every seated job running and none moving")
+        if not all(self.jobs[job.name].in_turns for job in plan.moved):
+            raise PhaseOrderError("regrouping moves only jobs running in their turns")
+        if reserved is not None and not self.cluster.reuse_ids(*reserved):
+            return []
         origins = {job.name: self._origin(job.name) for job in plan.moved}
         left = {self.cluster.job_group[name] for name in origins}
         before = dict(self.cluster.node_pool)
@@ -540,7 +556,8 @@ class ControlState:
             spec = max((m.job for m in group.members), key=lambda job: job.solo_iteration())
             name = spec.name
             trial = copy.deepcopy(self.cluster)
-            trial.remove(name)
+            for member in group.members:  # not back into the group that broke: elsewhere
+                trial.remove(member.job.name)
             candidate = self.policy.choose(trial, spec)
             short = self._shortfall(candidate)
             if short:
@@ -589,6 +606,8 @@ class ControlState:
         if job.move.ready_at is None:
             raise PhaseOrderError(f"job {name} still holds its {job.grant.phase if job.grant else ''} grant")
         self._close_move(job, moved_bytes, "moved", now)
+        for phase in (ROLLOUT, TRAIN):  # its phases run elsewhere now, perhaps co-located
+            self.measured.pop((name, phase), None)
         group = self.cluster.group_of(name)
         self._rebuild_turns(group)
         self._grant_due(group, now)
@@ -931,7 +950,8 @@ class ControlState:
         if phase != TRAIN or not all(times):
             return
         rollout, train = _profile(times[0]), _profile(times[1])
-        if _close(rollout, job.spec.rollout) and _close(train, job.spec.train):
+        planned = self.seat(job.name).phases()
+        if _close(rollout, planned[0]) and _close(train, planned[1]):
             return  # rescheduling a group costs its steady state: only for a real change
         self.cluster.update_phase_times(job.name, rollout, train)
         job.spec = self.seat(job.name).job

@@ -30,6 +30,14 @@ class EmulatedConfig:
     train_s: float
     rollout_mib: float = 1.0
     train_mib: float = 1.0
+    colo_rollout_s: float | None = None
+    """Phase times when seated co-located (both phases on its training nodes), if known."""
+    colo_train_s: float | None = None
+
+    def phase_s(self, phase_name: str, colocated: bool) -> float:
+        if colocated and self.colo_rollout_s is not None and self.colo_train_s is not None:
+            return self.colo_rollout_s if phase_name == "rollout" else self.colo_train_s
+        return self.rollout_s if phase_name == "rollout" else self.train_s
 
 
 class EmulatedRole:
@@ -76,11 +84,13 @@ class EmulatedJob:
         history = []
         for iteration in range(self.resume_from(), self.iterations):
             with phase("rollout"):
-                session.call("rollout", "work", self._left(session, self.config.rollout_s))
+                seconds = self.config.phase_s("rollout", session.colocated)
+                session.call("rollout", "work", self._left(session, seconds))
             with phase("train"):
                 history.append(session.report({"iteration": float(iteration)}, iteration))
                 self._checkpoint(iteration + 1)
-                session.fetch(session.call("train", "work", self._left(session, self.config.train_s)))
+                seconds = self.config.phase_s("train", session.colocated)
+                session.fetch(session.call("train", "work", self._left(session, seconds)))
         return history
 
     @staticmethod

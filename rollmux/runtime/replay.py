@@ -81,8 +81,8 @@ def submission(job: JobSpec, options: ReplayOptions) -> dict[str, Any]:
         },
     }
     if job.colocated is not None:
-        spec["colo_rollout_s"] = job.colocated[0].mean / k
-        spec["colo_train_s"] = job.colocated[1].mean / k
+        spec["colo_rollout_s"] = spec["args"]["colo_rollout_s"] = job.colocated[0].mean / k
+        spec["colo_train_s"] = spec["args"]["colo_train_s"] = job.colocated[1].mean / k
     return spec
 
 

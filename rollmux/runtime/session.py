@@ -44,6 +44,11 @@ class Session:
         self._wake_s = 0.0
 
     @property
+    def colocated(self) -> bool:
+        """Both phases on the same nodes (its training nodes) where it sits now."""
+        return self.rollout_nodes == self.train_nodes
+
+    @property
     def iteration(self) -> int:
         return self.turns.iteration
 

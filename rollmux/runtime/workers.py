@@ -14,6 +14,7 @@ one node at once.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch
 from rollmux.core.roundrobin import ROLLOUT
 from rollmux.service.failpoints import failpoint
 
-if TYPE_CHECKING:  # roles bring torch with them; the worker itself does not need it
+if TYPE_CHECKING:  # for annotations only
     from rollmux.runtime.state import RoleState
 
 
@@ -47,6 +48,7 @@ class PoolWorker:
     """Hosts job roles on one logical node; wrapped by ``ray.remote`` in :mod:`nodes`."""
 
     def __init__(self, node_id: int, pool: str, host_limit_bytes: int):
+        importlib.import_module("torch")  # the roles' library, loaded while the node is readied, not when a role lands
         self.node_id = node_id
         self.pool = pool
         self.host_limit_bytes = host_limit_bytes

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rollmux.core.cluster import Cluster
 from rollmux.core.control import (
     CANCELLED,
     DONE,
@@ -41,7 +42,7 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
-from rollmux.core.regroup import RegroupConfig, RegroupState, plan_regroup
+from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
 from rollmux.inputs.runfile import JobSubmission
@@ -174,6 +175,8 @@ class ControlPlane:
         self._syncing = asyncio.Lock()
         self._regroup_due = options.regroup is not None
         self._regrouping = RegroupState()
+        self._warming: dict[int, Pool] = {}
+        """New nodes of a regrouping being readied before it is applied."""
 
     # --- life ----------------------------------------------------------------------------
 
@@ -455,7 +458,7 @@ class ControlPlane:
         await self.journal.submit(delta)
         if (delta.jobs or delta.groups) and self._changed is not None:
             self._changed.set()
-        if any(e.kind in ("placed", DONE, FAILED, CANCELLED) for e in delta.events):
+        if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED) for e in delta.events):
             self._regroup_due = self.options.regroup is not None
         self._carry(delta.movable)
         for name in waking:
@@ -573,22 +576,54 @@ class ControlPlane:
 
     async def _regroup_once(self) -> None:
         """After arrivals and departures, the core's regrouping on a copy of the seating (in
-        a thread: the event loop keeps granting), applied if the seating did not change
-        meanwhile; the SLO guard on every tick."""
+        a thread: the event loop keeps granting); its new nodes are readied while the jobs
+        go on where they are, then it is applied if the seating did not change meanwhile.
+        The SLO guard on every tick."""
         moved: list[str] = []
         if self.options.slo_guard and self.state.settled():
             moved += self.state.guard(self.clock())
         config = self.options.regroup
-        if config is not None and self._regroup_due and not moved and self.state.settled():
+        if config is not None and self._regroup_due and not moved:
             seating = self.state.seating()
-            snapshot = copy.deepcopy(self.state.cluster)
-            plan = await asyncio.to_thread(plan_regroup, snapshot, config, self._regrouping)
-            if self.state.seating() == seating and self.state.settled():
-                self._regroup_due = False
-                moved += self.state.start_regroup(plan, self.clock())
+            snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
+            plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping)
+            unchanged = self.state.seating() == seating and self._still_movable(plan)
+            if plan is None or not unchanged:
+                self._regroup_due = not unchanged
+            else:
+                moved += await self._start_readied(plan, snapshot)
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
+
+    def _still_movable(self, plan: RegroupPlan | None) -> bool:
+        return plan is None or all(
+            job.name in self.state.jobs and self.state.jobs[job.name].in_turns for job in plan.moved
+        )
+
+    async def _start_readied(self, plan: RegroupPlan, snapshot: Cluster) -> list[str]:
+        """Ready the plan's new nodes (placement groups, workers) before its jobs stop, so
+        a move pauses a job only for its state's transfer; then start the moves."""
+        first, _ = snapshot.next_ids
+        before = dict(snapshot.node_pool)
+        apply_regroup(snapshot, plan)
+        added = {node: pool for node, pool in snapshot.node_pool.items() if node not in before}
+        if self.state.reserve_node_ids(len(added)) != first:
+            return []  # ids were handed out since the copy: plan again
+        seating = self.state.seating()
+        self._warming = added
+        try:
+            await self._persist()
+            await self._sync_nodes()
+            ready = asyncio.ensure_future(self.executor.wait_nodes(tuple(added)))
+            await asyncio.wait({ready}, timeout=NODES_PATIENCE_S)
+            if self.state.seating() != seating or not self._still_movable(plan):
+                return []
+            moved = self.state.start_regroup(plan, self.clock(), (first, len(added)))
+            self._regroup_due = not moved
+            return moved
+        finally:
+            self._warming = {}
 
     def _carry(self, names: Iterable[str]) -> None:
         """Carry over the state of moving jobs that reached their phase boundary."""
@@ -631,7 +666,8 @@ class ControlPlane:
         at a time, each with the nodes held when it runs (an older list would release a
         node placed meanwhile)."""
         async with self._syncing:
-            await self.executor.sync_nodes({**self.state.draining(), **self.state.cluster.node_pool})
+            held = {**self._warming, **self.state.draining(), **self.state.cluster.node_pool}
+            await self.executor.sync_nodes(held)
 
     def roles_at(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The rollout and training nodes the job's roles are on: its old seat while it is
