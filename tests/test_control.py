@@ -38,11 +38,11 @@ def control(policy: str = "rollmux", capacity: Capacity | None = None) -> Contro
     return ControlState(Cluster(), make_policy(policy), LEASE, capacity)
 
 
-def running(state: ControlState, *names: str, now: float = 0.0) -> dict[str, int]:
+def running(state: ControlState, *names: str, now: float = 0.0, slo: float = 3.0) -> dict[str, int]:
     """Submit, begin and activate jobs; their epochs."""
     epochs = {}
     for name in names:
-        state.submit(spec(name), {}, now)
+        state.submit(spec(name, slo=slo), {}, now)
     for name in names:
         epochs[name] = state.begin_session(name, now).epoch
         state.activate(name, epochs[name], 0, now)

@@ -29,6 +29,8 @@ def emulated(name: str, actual_s: float = PHASE_S) -> dict:
         "iterations": 10_000,
         "rollout_s": PHASE_S,
         "train_s": PHASE_S,
+        "colo_rollout_s": 10 * PHASE_S,  # co-located seats are never worth it: groups stay as placed
+        "colo_train_s": 10 * PHASE_S,
         "slo": SLO,
         "rollout_mem_gb": 2.0,
         "train_mem_gb": 4.0,
@@ -70,6 +72,20 @@ def two_groups_then_three_leave(api: Client) -> dict[str, int]:
     return iterations(api, "adf")
 
 
+def going_on_with_every_iteration(api: Client) -> dict[str, dict]:
+    """a, d and f run, no node ever ran two jobs, and none lost or repeated an iteration."""
+    views = {n: api.request("GET", f"/v1/jobs/{n}") for n in "adf"}
+    assert {v["state"] for v in views.values()} == {"running"}
+    log = api.phase_log()
+    no_node_runs_two_jobs(log)
+    for name in "adf":
+        trained = [
+            e["iteration"] for e in log if e["job"] == name and e["phase"] == "train" and e["outcome"] == "released"
+        ]
+        assert sorted(set(trained)) == list(range(max(trained) + 1)), f"{name} lost or skipped an iteration"
+    return views
+
+
 def one_group_each(api: Client, names: str) -> None:
     seated = [j["name"] for g in api.request("GET", "/v1/groups") for j in g["jobs"]]
     assert sorted(seated) == sorted(names), seated
@@ -96,21 +112,14 @@ def test_a_control_plane_killed_in_the_middle_of_a_move_leaves_each_job_in_one_g
     process = serve(tmp_path, failpoint, extra=("--no-slo-guard",))
     try:
         api = Client(process.url, process.token)
-        before = two_groups_then_three_leave(api)
+        two_groups_then_three_leave(api)
         wait_until(lambda: process.process.poll() is not None, timeout_s=120)  # it killed itself mid-move
         process.start(timeout_s=120)
-        wait_until(lambda: all(v >= before[n] + 3 for n, v in iterations(api, "adf").items()), timeout_s=300)
+        restarted = iterations(api, "adf")
+        wait_until(lambda: all(v >= restarted[n] + 3 for n, v in iterations(api, "adf").items()), timeout_s=300)
         one_group_each(api, "adf")
-        views = {n: api.request("GET", f"/v1/jobs/{n}") for n in "adf"}
-        assert {v["state"] for v in views.values()} == {"running"}
+        views = going_on_with_every_iteration(api)
         assert {v["restarts"] for v in views.values()} == {0}, "the control plane's crash is no job's fault"
-        log = api.phase_log()
-        no_node_runs_two_jobs(log)
-        for name in "adf":
-            trained = [
-                e["iteration"] for e in log if e["job"] == name and e["phase"] == "train" and e["outcome"] == "released"
-            ]
-            assert sorted(set(trained)) == list(range(max(trained) + 1)), f"{name} lost or skipped an iteration"
     finally:
         process.stop()
 
@@ -119,20 +128,13 @@ def test_a_worker_killed_while_giving_a_moving_job_its_state_costs_a_restart_not
     process = serve(tmp_path, "move:export", extra=("--no-slo-guard",))
     try:
         api = Client(process.url, process.token)
-        before = two_groups_then_three_leave(api)
-        wait_until(lambda: all(v >= before[n] + 3 for n, v in iterations(api, "adf").items()), timeout_s=300)
-        one_group_each(api, "adf")
-        moves = api.request("GET", "/v1/moves")
+        two_groups_then_three_leave(api)
+        moves = wait_until(lambda: (m := api.request("GET", "/v1/moves")) and len(m) >= 3 and m, timeout_s=120)
         assert "abandoned" in {m["outcome"] for m in moves}, moves
-        views = {n: api.request("GET", f"/v1/jobs/{n}") for n in "adf"}
-        assert {v["state"] for v in views.values()} == {"running"}
-        log = api.phase_log()
-        no_node_runs_two_jobs(log)
-        for name in "adf":
-            trained = [
-                e["iteration"] for e in log if e["job"] == name and e["phase"] == "train" and e["outcome"] == "released"
-            ]
-            assert sorted(set(trained)) == list(range(max(trained) + 1)), f"{name} lost or skipped an iteration"
+        restarted = iterations(api, "adf")
+        wait_until(lambda: all(v >= restarted[n] + 3 for n, v in iterations(api, "adf").items()), timeout_s=300)
+        one_group_each(api, "adf")
+        going_on_with_every_iteration(api)
     finally:
         process.stop()
 

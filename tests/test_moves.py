@@ -6,26 +6,16 @@ from __future__ import annotations
 
 from rollmux.core.control import DONE, RUNNING, ControlState, PhaseTiming
 from rollmux.core.regroup import RegroupConfig, RegroupState
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Pool
 from rollmux.service.store import Store
-from tests.test_control import control
+from tests.test_control import control, running
 
 SLO = 1.6
 """Three jobs of 1 s + 1 s phases fit a group (slowdown 1.5), four do not (2.0)."""
 
 
-def spec(name: str, rollout: float = 1.0, train: float = 1.0) -> JobSpec:
-    return JobSpec(name, PhaseTime.fixed(rollout), PhaseTime.fixed(train), slo=SLO)
-
-
 def start(state: ControlState, names: str, now: float = 0.0) -> dict[str, int]:
-    epochs = {}
-    for name in names:
-        state.submit(spec(name), {}, now)
-    for name in names:
-        epochs[name] = state.begin_session(name, now).epoch
-        state.activate(name, epochs[name], 0, now)
-    return epochs
+    return running(state, *names, now=now, slo=SLO)
 
 
 def half_empty() -> tuple[ControlState, dict[str, int]]:

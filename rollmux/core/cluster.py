@@ -7,7 +7,7 @@ reads a clock or does I/O, so the simulator and the runtime drive it identically
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -185,14 +185,15 @@ class Cluster:
         added = tuple((renamed[p], pool) for p, pool in candidate.new_nodes)
         return Placement(member.job.name, group.id, candidate.kind, added, candidate.delta_per_hour)
 
-    def add_group(self, members: Sequence[Member]) -> Group:
+    def add_group(self, members: Sequence[Member], node_ids: Iterator[int] | None = None) -> Group:
         """Seat several jobs at once in a new group on new nodes (a regrouping's target).
 
         ``members`` name nodes by local ids; rollout and training ids must not overlap.
+        ``node_ids``: ids set aside by :meth:`reserve_ids` for the new nodes, in order.
         """
         local_pools = {n: Pool.ROLLOUT for m in members for n in m.rollout_nodes}
         local_pools.update({n: Pool.TRAIN for m in members for n in m.train_nodes})
-        renamed = {local: self._allocate(pool) for local, pool in sorted(local_pools.items())}
+        renamed = {local: self._allocate(pool, node_ids) for local, pool in sorted(local_pools.items())}
         group = Group(id=self._next_group, rollout_nodes=[], train_nodes=[], members=[])
         self._next_group += 1
         for local, pool in sorted(local_pools.items()):
@@ -256,22 +257,18 @@ class Cluster:
         return (m.job for g in self.groups.values() for m in g.members)
 
     def reserve_ids(self, count: int) -> int:
-        """Set aside the next ``count`` node ids (for nodes being readied before a change that
-        will allocate them); returns the first. :meth:`reuse_ids` hands them out again."""
+        """Set aside the next ``count`` node ids (for nodes readied before the change that
+        will use them, through ``node_ids``); returns the first."""
         first = self._next_node
         self._next_node += count
         return first
 
-    def reuse_ids(self, first: int, count: int) -> bool:
-        """Allocate the ids set aside by :meth:`reserve_ids` next, if none was allocated since."""
-        if self._next_node != first + count:
-            return False
-        self._next_node = first
-        return True
-
-    def _allocate(self, pool: Pool) -> int:
-        node = self._next_node
-        self._next_node += 1
+    def _allocate(self, pool: Pool, node_ids: Iterator[int] | None = None) -> int:
+        if node_ids is not None:
+            node = next(node_ids)
+        else:
+            node = self._next_node
+            self._next_node += 1
         self.node_pool[node] = pool
         return node
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -504,34 +504,24 @@ class ControlState:
                     view.remove(member.job.name)
         return view
 
-    def settled(self) -> bool:
-        """Every seated job is running in its turns and none is moving."""
-        return all(self.jobs[job.name].in_turns for job in self.cluster.jobs())
-
     def reserve_node_ids(self, count: int) -> int:
         """Set aside node ids for a regrouping whose new nodes are readied first; the first id."""
         return self.cluster.reserve_ids(count)
 
-    def start_regroup(self, plan: RegroupPlan | None, now: float, reserved: tuple[int, int] | None = None) -> list[str]:
-        """Start the moves of a regrouping planned on this very seating. ``reserved`` (first
-        id, count): its new nodes take those ids, readied beforehand; if ids were handed
-        out since, nothing is done (the caller plans again)."""
+    def start_regroup(self, plan: RegroupPlan | None, now: float, node_ids: Sequence[int] | None = None) -> list[str]:
+        """Start the moves of a regrouping planned on the groups its jobs are in now;
+        ``node_ids``: ids set aside (:meth:`reserve_node_ids`) for its new nodes, readied
+        beforehand."""
         if plan is None:
             return []
         if not all(self.jobs[job.name].in_turns for job in plan.moved):
             raise PhaseOrderError("regrouping moves only jobs running in their turns")
-        if reserved is not None and not self.cluster.reuse_ids(*reserved):
-            return []
         origins = {job.name: self._origin(job.name) for job in plan.moved}
         left = {self.cluster.job_group[name] for name in origins}
         before = dict(self.cluster.node_pool)
-        apply_regroup(self.cluster, plan)
+        apply_regroup(self.cluster, plan, iter(node_ids) if node_ids is not None else None)
         self._start_moves(origins, before, left, now, "regroup")
         return list(origins)
-
-    def seating(self) -> frozenset[tuple[int, tuple[str, ...]]]:
-        """Which jobs sit in which group: a plan made on a copy applies if this is unchanged."""
-        return frozenset((g.id, tuple(m.job.name for m in g.members)) for g in self.cluster.groups.values())
 
     def guard(self, now: float) -> list[str]:
         """The SLO guard. A group is re-planned when a member's measured slowdown (the

@@ -29,7 +29,7 @@ driver applies and charges it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -416,9 +416,10 @@ def _plan(cluster: Cluster, hood: Sequence[Group], chosen: Sequence[_Column], pr
     return RegroupPlan(groups_in, moved, saving, migration_usd, tuple(pause[j.name] for j in moved))
 
 
-def apply_regroup(cluster: Cluster, plan: RegroupPlan) -> None:
-    """Move the plan's jobs out of their groups (releasing unused nodes) into new groups."""
+def apply_regroup(cluster: Cluster, plan: RegroupPlan, node_ids: Iterator[int] | None = None) -> None:
+    """Move the plan's jobs out of their groups (releasing unused nodes) into new groups
+    (on the ids in ``node_ids``, set aside beforehand, if given)."""
     for job in plan.moved:
         cluster.remove(job.name)
     for group in plan.groups_in:
-        cluster.add_group(group.members)
+        cluster.add_group(group.members, node_ids)

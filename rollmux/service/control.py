@@ -580,50 +580,57 @@ class ControlPlane:
         go on where they are, then it is applied if the seating did not change meanwhile.
         The SLO guard on every tick."""
         moved: list[str] = []
-        if self.options.slo_guard and self.state.settled():
+        if self.options.slo_guard:
             moved += self.state.guard(self.clock())
         config = self.options.regroup
         if config is not None and self._regroup_due and not moved:
-            seating = self.state.seating()
             snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
             plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping)
-            unchanged = self.state.seating() == seating and self._still_movable(plan)
-            if plan is None or not unchanged:
-                self._regroup_due = not unchanged
-            else:
+            if plan is None:
+                self._regroup_due = False
+            elif self._still_movable(plan, snapshot):
                 moved += await self._start_readied(plan, snapshot)
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
 
-    def _still_movable(self, plan: RegroupPlan | None) -> bool:
-        return plan is None or all(
-            job.name in self.state.jobs and self.state.jobs[job.name].in_turns for job in plan.moved
-        )
+    def _still_movable(self, plan: RegroupPlan, snapshot: Cluster) -> bool:
+        """The plan's jobs still run in their turns, in the groups they were in when it was
+        made, with the same partners (other groups may have changed meanwhile)."""
+        jobs, groups = self.state.jobs, self.state.cluster.groups
+        for spec in plan.moved:
+            job, was = jobs.get(spec.name), snapshot.group_of(spec.name)
+            if job is None or not job.in_turns or was.id not in groups:
+                return False
+            if [m.job.name for m in groups[was.id].members] != [m.job.name for m in was.members]:
+                return False
+        return True
 
     async def _start_readied(self, plan: RegroupPlan, snapshot: Cluster) -> list[str]:
-        """Ready the plan's new nodes (placement groups, workers) before its jobs stop, so
-        a move pauses a job only for its state's transfer; then start the moves."""
-        first, _ = snapshot.next_ids
-        before = dict(snapshot.node_pool)
-        apply_regroup(snapshot, plan)
-        added = {node: pool for node, pool in snapshot.node_pool.items() if node not in before}
-        if self.state.reserve_node_ids(len(added)) != first:
-            return []  # ids were handed out since the copy: plan again
-        seating = self.state.seating()
-        self._warming = added
+        """Ready the plan's new nodes (placement groups, workers) on ids set aside for them
+        before its jobs stop, so a move pauses a job only for its state's transfer; then
+        start the moves, if the plan's groups did not change meanwhile."""
+        trial = copy.deepcopy(snapshot)
+        apply_regroup(trial, plan)
+        pools = [pool for node, pool in trial.node_pool.items() if node not in snapshot.node_pool]
+        first = self.state.reserve_node_ids(len(pools))
+        ids = range(first, first + len(pools))
+        self._warming = dict(zip(ids, pools, strict=True))
+        ready: asyncio.Future | None = None
         try:
             await self._persist()
             await self._sync_nodes()
-            ready = asyncio.ensure_future(self.executor.wait_nodes(tuple(added)))
-            await asyncio.wait({ready}, timeout=NODES_PATIENCE_S)
-            if self.state.seating() != seating or not self._still_movable(plan):
+            ready = asyncio.ensure_future(self.executor.wait_nodes(tuple(ids)))
+            done, _ = await asyncio.wait({ready}, timeout=NODES_PATIENCE_S)
+            if (done and ready.exception() is not None) or not self._still_movable(plan, snapshot):
                 return []
-            moved = self.state.start_regroup(plan, self.clock(), (first, len(added)))
+            moved = self.state.start_regroup(plan, self.clock(), ids)
             self._regroup_due = not moved
             return moved
         finally:
             self._warming = {}
+            if ready is not None and not ready.done():
+                ready.cancel()  # still readying (Ray slow, or shutting down): the moves' carriers wait
 
     def _carry(self, names: Iterable[str]) -> None:
         """Carry over the state of moving jobs that reached their phase boundary."""
