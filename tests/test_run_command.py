@@ -105,7 +105,8 @@ def test_an_interrupted_run_stops_cleanly_and_the_next_one_resumes(tmp_path):
         time.sleep(0.05)
     run.send_signal(signal.SIGINT)
     _, errors = run.communicate(timeout=120)
-    assert run.returncode == 130 and b"run the same command again" in errors and b"Traceback" not in errors
+    told = f"exit {run.returncode} at iteration {iterations(out)}: {errors.decode(errors='replace')[-2000:]}"
+    assert run.returncode == 130 and b"run the same command again" in errors and b"Traceback" not in errors, told
     assert 2 <= iterations(out) < 20
 
     again = runner.invoke(app, ["run", str(example), "--out", str(out)])

@@ -88,9 +88,9 @@ class EmulatedJob:
                 session.call("rollout", "work", self._left(session, seconds))
             with phase("train"):
                 history.append(session.report({"iteration": float(iteration)}, iteration))
-                self._checkpoint(iteration + 1)
                 seconds = self.config.phase_s("train", session.colocated)
                 session.fetch(session.call("train", "work", self._left(session, seconds)))
+                self._checkpoint(iteration + 1)  # the step is complete only once its work is
         return history
 
     @staticmethod
