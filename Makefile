@@ -28,6 +28,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/placement_latency.py --jobs 1000
+	$(BIN)/python bench/regroup_latency.py --jobs 400
 	$(BIN)/python bench/ablation.py
 	$(BIN)/python bench/stochastic.py
 	$(BIN)/python bench/optimality_gap.py

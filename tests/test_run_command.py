@@ -99,7 +99,13 @@ def test_an_interrupted_run_stops_cleanly_and_the_next_one_resumes(tmp_path):
     example.write_text(TINY.replace("iterations: 3", "iterations: 20"))
     out = tmp_path / "out"
     command = [sys.executable, "-m", "rollmux.cli.main", "run", str(example), "--out", str(out)]
-    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    # Ctrl-C as at a terminal: a SIGINT ignored by this test process (as Ray may leave it)
+    # would be inherited, and Python then never raises KeyboardInterrupt in the run.
+    def interruptible() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=interruptible)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and iterations(out) < 2:
         time.sleep(0.05)
