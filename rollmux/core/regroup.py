@@ -125,10 +125,6 @@ class RegroupState:
         return self.misses >= misses_budget or (self.checks.left or 0) < config.checks_per_config
 
 
-ConfigCache = RegroupState
-"""The former name of the state passed in third position."""
-
-
 @dataclass(frozen=True)
 class _Column:
     names: frozenset[str]

@@ -575,10 +575,10 @@ class ControlPlane:
                 self._regroup_due = False
 
     async def _regroup_once(self) -> None:
-        """After arrivals and departures, the core's regrouping on a copy of the seating (in
-        a thread: the event loop keeps granting); its new nodes are readied while the jobs
-        go on where they are, then it is applied if the seating did not change meanwhile.
-        The SLO guard on every tick."""
+        """After arrivals, departures and job starts, the core's regrouping over the settled
+        groups, on a copy (in a thread: the event loop keeps granting); its new nodes are
+        readied while the jobs go on where they are, then it is applied if the groups it
+        moves jobs out of did not change meanwhile. The SLO guard on every tick."""
         moved: list[str] = []
         if self.options.slo_guard:
             moved += self.state.guard(self.clock())
