@@ -30,4 +30,5 @@ def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says(tmp_p
     assert abs(realised["mean_slowdown"] / simulated["mean_slowdown"] - 1) <= 0.05
     assert realised["migrations"] >= 1 and simulated["migrations"] >= 1
     assert all(m["outcome"] == "moved" and m["pause_s"] > 0 for m in realised["moves"])
+    assert realised["driver_processes"] < report["jobs"]  # emulated jobs' drivers share warm processes
     assert (tmp_path / "timeline.json").exists() and (tmp_path / "cost-rate.png").exists()

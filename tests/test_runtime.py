@@ -4,6 +4,7 @@ costs no completed step, and the workers fence out whoever no longer holds their
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -15,9 +16,11 @@ import pytest
 import ray
 
 from rollmux.core.errors import StaleEpoch
+from rollmux.core.spec import Pool
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
 from rollmux.runtime.launch import RunResult, run_plan, start_ray
+from rollmux.runtime.nodes import NodeProvisioner, worker_of
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
 from rollmux.service.client import ServiceError
@@ -195,7 +198,8 @@ def test_emulated_jobs_wait_their_phases_on_real_tensors(local_ray, tmp_path):
 
 
 def worker() -> PoolWorker:
-    node = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
+    node = PoolWorker(pool="rollout", host_limit_bytes=2**30)
+    node.assign(0)
     for name, seed in (("a", 0), ("b", 1)):
         node.load(name, "rollout", 1, lambda seed=seed: GRPORollout(GRPOConfig(seed=seed, **SMALL)))
     return node
@@ -227,6 +231,41 @@ def test_worker_fences_out_older_grants_and_epochs():
     assert node.call("a", "rollout", 2, 7, "generate", 0)["iteration"] == 0
 
 
+def test_an_emptied_worker_serves_its_next_node_and_still_fences_out_its_old_jobs():
+    node = worker()
+    node.wake("a", "rollout", 1, 5)
+    node.wake("b", "rollout", 1, 6)
+    node.reset()  # its node was released; the worker waits, warm, for the next one
+    assert not node.roles and node.awake is None and node.host_bytes() == 0
+    node.assign(7)
+    with pytest.raises(StaleEpoch, match="grant 5 of a is older than grant 6"):
+        node.wake("a", "rollout", 1, 5)  # a zombie of a job that was here
+    with pytest.raises(KeyError, match="no rollout role on node 7"):
+        node.wake("a", "rollout", 1, 7)
+    node.load("c", "rollout", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
+    node.wake("c", "rollout", 1, 8)
+    assert node.call("c", "rollout", 1, 8, "generate", 0)["iteration"] == 0
+
+
+def test_a_released_nodes_worker_serves_the_next_node_of_its_pool(local_ray):
+    nodes = NodeProvisioner(2**30, warm=1)
+    nodes.ensure(0, Pool.ROLLOUT)
+    asyncio.run(nodes.ready(0))
+    first = ray.get(worker_of(0).where.remote())
+    nodes.release(0)
+    with pytest.raises(ValueError, match="node 0 has no worker"):
+        worker_of(0)
+    nodes.ensure(5, Pool.ROLLOUT)
+    nodes.ensure(6, Pool.TRAIN)
+    asyncio.run(nodes.ready(5))
+    asyncio.run(nodes.ready(6))
+    try:
+        assert ray.get(worker_of(5).where.remote())["pid"] == first["pid"]  # no process started for node 5
+        assert ray.get(worker_of(6).where.remote())["pid"] != first["pid"]  # a train node: another worker
+    finally:
+        nodes.release_all()
+
+
 class SlowRollout(GRPORollout):
     def slow(self, seconds: float) -> float:
         time.sleep(seconds)
@@ -234,7 +273,7 @@ class SlowRollout(GRPORollout):
 
 
 def test_a_zombie_call_finishes_before_the_next_holder_wakes():
-    node = PoolWorker(node_id=0, pool="rollout", host_limit_bytes=2**30)
+    node = PoolWorker(pool="rollout", host_limit_bytes=2**30)
     node.load("zombie", "rollout", 1, lambda: SlowRollout(GRPOConfig(**SMALL)))
     node.load("next", "rollout", 1, lambda: GRPORollout(GRPOConfig(**SMALL)))
     node.wake("zombie", "rollout", 1, 1)

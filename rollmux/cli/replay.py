@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from rollmux.inputs.trace import Trace
 from rollmux.report.html import replay_cost_plot
 from rollmux.report.timeline import chrome_trace
 from rollmux.runtime import replay
+from rollmux.runtime.executor import WarmOptions
 from rollmux.runtime.launch import phase_records, start_ray
 from rollmux.service.client import Client
 from rollmux.service.server import ServeOptions, Service
@@ -45,8 +47,9 @@ def execute(
     summary = sim.summary()
     rollout = math.ceil(summary["rollout_peak_nodes"] * HEADROOM) + 1
     train = math.ceil(summary["train_peak_nodes"] * HEADROOM) + 1
-    start_ray(rollout_nodes=rollout, train_nodes=train)
+    start_ray(rollout_nodes=rollout + options.spare_workers, train_nodes=train + options.spare_workers)
     usable_gb = max(CostModel().usable_dram_gb(pool) for pool in Pool)
+    shutil.rmtree(out / "state", ignore_errors=True)  # a replay starts from an empty control plane
     service = Service(
         ServeOptions(
             port=0,
@@ -57,6 +60,11 @@ def execute(
             train_nodes=train,
             regroup=scaled_regroup(options.time_scale) if regroup else None,
             slo_guard=slo_guard,
+            warm=WarmOptions(
+                drivers_per_process=options.drivers_per_process,
+                spare_driver_slots=options.drivers_per_process // 4,
+                spare_workers=options.spare_workers,
+            ),
         )
     ).start()
     try:

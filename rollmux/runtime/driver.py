@@ -1,4 +1,10 @@
-"""Job drivers: one detached Ray actor per job, started (and restarted) by the control plane.
+"""Job drivers, started (and restarted) by the control plane in warm driver processes.
+
+A driver host is a detached Ray actor, a process with the libraries already imported,
+that runs job drivers in threads of its own: by default one at a time (a job's crash or
+kill takes only itself down), or many (emulated jobs in a replay, which need no
+isolation but would otherwise each pay a process start). A host whose driver ended runs
+the next one, so a job starts without starting a process.
 
 A driver begins a session (the next epoch, a lease kept alive by heartbeats), loads the
 job's roles on its nodes' workers, joins its group's turns from the iteration its
@@ -9,8 +15,11 @@ incarnation exists) stops without touching the job.
 
 from __future__ import annotations
 
+import importlib
 import os
+import threading
 import traceback
+import uuid
 
 import ray
 
@@ -22,66 +31,95 @@ from rollmux.runtime.program import JobContext, load_program
 from rollmux.runtime.session import Session, attach
 from rollmux.service.client import Client, ServiceError, TurnSession
 
-
-def driver_name(job: str, incarnation: int) -> str:
-    return f"rollmux-driver-{job}-{incarnation}"
+HOST_PREFIX = "rollmux-drivers-"
 
 
-class JobDriver:
+class DriverHost:
+    """A warm process running job drivers, each in a thread of the actor."""
+
+    def __init__(self) -> None:
+        importlib.import_module("torch")  # what job programs load, imported while the host warms up
+        self.running: dict[str, int] = {}
+        self.changed = threading.Condition()
+
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, url: str, token: str, job: str) -> str:
-        """Run the job to its end; returns how it ended (for logs: the control plane knows)."""
-        client = Client(url, token)
-        turns = client.session(job)
+    def drivers(self) -> dict[str, int]:
+        """The jobs whose drivers run here, with their incarnations."""
+        return dict(self.running)
+
+    def run(self, url: str, token: str, job: str, incarnation: int) -> str:
+        """Run one incarnation of the job to its end (see :func:`drive`)."""
+        with self.changed:
+            self.running[job] = incarnation
         try:
-            spec = JobSubmission.model_validate(turns.info["program"])
-            assert spec.callable_path is not None and spec.iterations is not None, f"{job} is not run by RollMux"
-            context = JobContext(job, spec.iterations, spec.program_args, turns.info["checkpoint"])
-            program = load_program(spec.callable_path, context)
-            nodes = {ROLLOUT: turns.info["rollout_nodes"], TRAIN: turns.info["train_nodes"]}
-            workers = {node: worker_of(node) for phase_nodes in nodes.values() for node in phase_nodes}
-            ray.get(
-                [
-                    workers[node].load.remote(job, phase, turns.epoch, program.role_factory(phase))
-                    for phase, phase_nodes in nodes.items()
-                    for node in phase_nodes
-                ]
-            )
-            resume = getattr(program, "resume_from", None)
-            turns.activate(resume() if resume else None)
-            session = Session(turns, workers)
-            attach(session)
-            program.run(session)
-        except StaleEpoch as fenced:
-            return f"fenced: {fenced}"
-        except ray.exceptions.RayActorError as gone:
-            # A worker died: not the job's fault. Without heartbeats its lease expires and
-            # the control plane restarts it from its checkpoint on a fresh worker.
-            return f"lost: {gone}"
-        except BaseException as failure:
-            return _end(turns, _describe(failure))
-        else:
-            return _end(turns, "")
+            return drive(url, token, job)
         finally:
-            attach(None)
-            turns.close()
+            with self.changed:
+                if self.running.get(job) == incarnation:
+                    del self.running[job]
+                self.changed.notify_all()
+
+    def until_ended(self, job: str, incarnation: int) -> None:
+        """Return once that driver ended (a control plane restarted meanwhile waits here)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.running.get(job) != incarnation)
 
 
-def start_driver(job: str, incarnation: int) -> ray.actor.ActorHandle:
-    """A new detached driver actor for one incarnation of the job."""
-    return (
-        ray.remote(JobDriver)
+def drive(url: str, token: str, job: str) -> str:
+    """Run the job to its end; returns how it ended (for logs: the control plane knows)."""
+    client = Client(url, token)
+    turns = client.session(job)
+    try:
+        spec = JobSubmission.model_validate(turns.info["program"])
+        assert spec.callable_path is not None and spec.iterations is not None, f"{job} is not run by RollMux"
+        context = JobContext(job, spec.iterations, spec.program_args, turns.info["checkpoint"])
+        program = load_program(spec.callable_path, context)
+        nodes = {ROLLOUT: turns.info["rollout_nodes"], TRAIN: turns.info["train_nodes"]}
+        workers = {node: worker_of(node) for phase_nodes in nodes.values() for node in phase_nodes}
+        ray.get(
+            [
+                workers[node].load.remote(job, phase, turns.epoch, program.role_factory(phase))
+                for phase, phase_nodes in nodes.items()
+                for node in phase_nodes
+            ]
+        )
+        resume = getattr(program, "resume_from", None)
+        turns.activate(resume() if resume else None)
+        session = Session(turns, workers)
+        attach(session)
+        program.run(session)
+    except StaleEpoch as fenced:
+        return f"fenced: {fenced}"
+    except ray.exceptions.RayActorError as gone:
+        # A worker died: not the job's fault. Without heartbeats its lease expires and
+        # the control plane restarts it from its checkpoint on a fresh worker.
+        return f"lost: {gone}"
+    except BaseException as failure:
+        return _end(turns, _describe(failure))
+    else:
+        return _end(turns, "")
+    finally:
+        attach(None)
+        turns.close()
+
+
+def start_host(capacity: int) -> tuple[str, ray.actor.ActorHandle]:
+    """A new detached driver host for up to ``capacity`` drivers at once, and its name."""
+    name = f"{HOST_PREFIX}{uuid.uuid4().hex[:12]}"
+    handle = (
+        ray.remote(DriverHost)
         .options(
-            name=driver_name(job, incarnation),
+            name=name,
             namespace=NAMESPACE,
             lifetime="detached",
             num_cpus=0,
-            max_concurrency=2,  # `pid` answers while `run` runs
+            max_concurrency=2 * capacity + 2,  # a watcher per driver, and `pid` and `drivers` answer
         )
         .remote()
     )
+    return name, handle
 
 
 def _end(turns: TurnSession, error: str) -> str:

@@ -1,5 +1,5 @@
 """The control plane's hands on Ray: nodes as placement groups with a worker each, jobs as
-detached driver actors, capacity as what the Ray cluster offers.
+drivers in warm driver processes, capacity as what the Ray cluster offers.
 
 It only carries decisions out; what to provision, start or stop comes from the control
 plane's state (:meth:`rollmux.service.control.ControlPlane._reconcile`). Blocking Ray
@@ -10,23 +10,52 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from rollmux.core.control import Capacity
 from rollmux.core.spec import Pool
-from rollmux.runtime.driver import driver_name, start_driver
+from rollmux.runtime.driver import HOST_PREFIX, start_host
 from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE, NodeProvisioner, worker_of
 from rollmux.service.failpoints import failpoint
 
 log = logging.getLogger("rollmux.executor")
 
 
+@dataclass(frozen=True)
+class WarmOptions:
+    """How many processes the executor keeps started ahead of need."""
+
+    drivers_per_process: int = 1
+    """Drivers one driver process runs at once: 1 isolates jobs from each other (a crash or
+    a kill takes one job down); more saves a process per job (emulated jobs)."""
+    spare_driver_slots: int = 0
+    """Drivers that the started driver processes can still take at any time: when fewer,
+    another process is started ahead of need (0: a process is started when a job needs it)."""
+    spare_workers: int = 0
+    """Empty workers kept per pool for the next nodes (each holds a unit of its pool)."""
+
+
+@dataclass
+class _Host:
+    name: str
+    handle: Any
+    drivers: dict[str, int] = field(default_factory=dict)
+    """job -> incarnation of the drivers running here"""
+
+
 class RayExecutor:
-    def __init__(self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None):
-        self.nodes = NodeProvisioner(host_limit_bytes, gpus_per_node)
-        self.drivers: dict[str, tuple[int, Any, Any]] = {}
+    def __init__(
+        self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None, warm: WarmOptions | None = None
+    ):
+        self.warm = warm or WarmOptions()
+        self.nodes = NodeProvisioner(host_limit_bytes, gpus_per_node, self.warm.spare_workers)
+        self.drivers: dict[str, tuple[int, _Host, Any]] = {}
+        """job -> (incarnation, its host, the task that ends with its driver; None if found after a restart)"""
+        self.hosts: dict[str, _Host] = {}
+        self._discovered = False
         self.url = ""
         self.token = ""
 
@@ -42,11 +71,35 @@ class RayExecutor:
         )
 
     async def sync_nodes(self, nodes: dict[int, Pool]) -> None:
+        """Provision the nodes not provisioned yet (from spares first), release the others."""
+        if not self._discovered:
+            await self._discover()
         for node, pool in nodes.items():
             if node not in self.nodes.nodes:
                 await asyncio.to_thread(self.nodes.ensure, node, pool)
         for node in [n for n in self.nodes.nodes if n not in nodes]:
             await asyncio.to_thread(self.nodes.release, node)
+
+    async def warm_up(self) -> None:
+        """Start the spare driver processes and workers and wait until they answer, so the
+        first jobs do not wait for processes to start (nor share the cores with them).
+        Spare workers are started here only; released nodes' workers refill them later."""
+        if not self._discovered:
+            await self._discover()
+        await self._spare_hosts()
+        if self.warm.spare_workers:
+            await asyncio.to_thread(self.nodes.top_up, await self._free_units())
+        idle = [h.handle.pid.remote() for h in self.hosts.values() if not h.drivers]
+        spares = [s.worker.where.remote() for pool in Pool for s in self.nodes.spares[pool]]
+        await asyncio.gather(*idle, *spares)
+
+    async def _free_units(self) -> dict[Pool, int]:
+        """Units of each pool that neither a node nor a spare worker holds."""
+        offered = await asyncio.to_thread(ray.cluster_resources)
+        taken = {pool: len(self.nodes.spares[pool]) for pool in Pool}
+        for node in self.nodes.nodes.values():
+            taken[node.pool] += 1
+        return {pool: int(offered.get(POOL_RESOURCE[pool], 0)) - taken[pool] for pool in Pool}
 
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
         await asyncio.gather(*(self.nodes.ready(node) for node in nodes))
@@ -68,30 +121,79 @@ class RayExecutor:
         return sum(moved)
 
     async def start_driver(self, job: str, incarnation: int) -> None:
+        """Run the job's driver in a warm driver process with room for it (one is started if
+        none has), then start a spare for the next job."""
         await self._stop(job)
-        handle = await asyncio.to_thread(start_driver, job, incarnation)
-        self.drivers[job] = (incarnation, handle, handle.run.remote(self.url, self.token, job))
+        if not self._discovered:
+            await self._discover()
+        host = self._host_with_room() or await self._new_host()
+        host.drivers[job] = incarnation
+        ended = asyncio.ensure_future(host.handle.run.remote(self.url, self.token, job, incarnation))
+        ended.add_done_callback(lambda done, host=host: self._driver_gone(host, job, incarnation, done))
+        self.drivers[job] = (incarnation, host, ended)
+        await self._spare_hosts()
+
+    def _host_with_room(self) -> _Host | None:
+        """The fullest host with room: shared hosts fill up, and empty ones stay spare."""
+        room = [h for h in self.hosts.values() if len(h.drivers) < self.warm.drivers_per_process]
+        return max(room, key=lambda h: len(h.drivers), default=None)
+
+    async def _new_host(self) -> _Host:
+        name, handle = await asyncio.to_thread(start_host, self.warm.drivers_per_process)
+        host = self.hosts[name] = _Host(name, handle)
+        return host
+
+    async def _spare_hosts(self) -> None:
+        """Start driver processes until ``spare_driver_slots`` more drivers fit in them."""
+        per_process = self.warm.drivers_per_process
+        while sum(per_process - len(h.drivers) for h in self.hosts.values()) < self.warm.spare_driver_slots:
+            await self._new_host()
+
+    def _driver_gone(self, host: _Host, job: str, incarnation: int, ended: asyncio.Future) -> None:
+        """The driver's thread ended: its slot is free. If its process died, the host is gone."""
+        if host.drivers.get(job) == incarnation:
+            del host.drivers[job]
+        if not ended.cancelled() and isinstance(ended.exception(), ray.exceptions.RayActorError):
+            self.hosts.pop(host.name, None)
 
     async def driver_alive(self, job: str, incarnation: int) -> bool:
-        try:
-            handle = await asyncio.to_thread(ray.get_actor, driver_name(job, incarnation), NAMESPACE)
-            await asyncio.wait_for(handle.pid.remote(), timeout=10)
-        except (ValueError, ray.exceptions.RayActorError, asyncio.TimeoutError):
-            return False
-        self.drivers[job] = (incarnation, handle, None)
-        return True
+        if not self._discovered:
+            await self._discover()
+        for host in self.hosts.values():
+            if host.drivers.get(job) == incarnation:
+                ended = asyncio.ensure_future(host.handle.until_ended.remote(job, incarnation))
+                ended.add_done_callback(lambda done, host=host: self._driver_gone(host, job, incarnation, done))
+                self.drivers[job] = (incarnation, host, None)
+                return True
+        return False
+
+    async def _discover(self) -> None:
+        """After a restart: the driver hosts and spare workers that survived, and which
+        driver runs where (a host that does not answer is given back)."""
+        self._discovered = True
+        named = await asyncio.to_thread(ray.util.list_named_actors, True)
+        for entry in named:
+            if entry["namespace"] != NAMESPACE or not entry["name"].startswith(HOST_PREFIX):
+                continue
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, entry["name"], NAMESPACE)
+                running = await asyncio.wait_for(handle.drivers.remote(), timeout=10)
+            except (ValueError, ray.exceptions.RayActorError, asyncio.TimeoutError):
+                continue
+            self.hosts[entry["name"]] = _Host(entry["name"], handle, dict(running))
+        await asyncio.to_thread(self.nodes.adopt_spares)
 
     async def driver_ended(self, job: str, incarnation: int) -> str:
         if job not in self.drivers or self.drivers[job][0] != incarnation or self.drivers[job][2] is None:
             return "not started here"
         try:
-            return await self.drivers[job][2]
+            return await asyncio.shield(self.drivers[job][2])
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
             return f"{type(error).__name__}: {str(error).splitlines()[0]}"
 
     async def driver_pid(self, job: str) -> int:
         """The process id of the job's current driver (for operators and failure tests)."""
-        return await self.drivers[job][1].pid.remote()
+        return await self.drivers[job][1].handle.pid.remote()
 
     async def stop_driver(self, job: str, incarnation: int) -> None:
         await self._stop(job)
@@ -99,14 +201,22 @@ class RayExecutor:
             node.worker.unload.remote(job)
 
     async def close(self) -> None:
-        """Give everything back: drivers stopped, nodes released (jobs resume at the next
-        start). Direct calls: at shutdown the thread pool may already be gone."""
-        for _, handle, _ in self.drivers.values():
-            ray.kill(handle)
+        """Give everything back: driver processes stopped, nodes released (jobs resume at the
+        next start). Direct calls: at shutdown the thread pool may already be gone."""
+        for host in self.hosts.values():
+            ray.kill(host.handle)
+        self.hosts.clear()
         self.drivers.clear()
         self.nodes.release_all()
 
     async def _stop(self, job: str) -> None:
-        if job in self.drivers:
-            _, handle, _ = self.drivers.pop(job)
-            await asyncio.to_thread(ray.kill, handle)
+        """A driver alone in its process is stopped with it; one sharing a process is left to
+        end by itself (every call of its old session is refused from now on)."""
+        if job not in self.drivers:
+            return
+        incarnation, host, _ = self.drivers.pop(job)
+        if host.drivers.get(job) != incarnation:
+            return  # it ended already: its process may run another job's driver by now
+        if self.warm.drivers_per_process == 1:
+            self.hosts.pop(host.name, None)
+            await asyncio.to_thread(ray.kill, host.handle)

@@ -12,11 +12,14 @@ simulator's run of the same trace.
 from __future__ import annotations
 
 import bisect
+import re
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
 from rollmux.inputs.trace import Trace, TraceJob
@@ -28,6 +31,7 @@ FOREVER = 10_000_000
 SLO_TOLERANCE = 0.02
 """A realised period within 2 % of the SLO counts as within it (timer and switching jitter)."""
 HOUR = 3600.0
+DRIVER_PID = re.compile(r"\bpid (\d+) on (\S+)")
 CHANGES = frozenset({"running", "moved", "lost", "done", "failed", "cancelled"})
 """Job events that change their group's turns."""
 
@@ -38,6 +42,11 @@ class ReplayOptions:
     mib_per_gb: float = 1.0
     """Each role holds this many MiB of real tensors per GB of the job's resident memory."""
     max_restarts: int = 3
+    drivers_per_process: int = 32
+    """Emulated jobs need no isolation from each other: many drivers share a warm process,
+    so a job starts without a process start (seconds of CPU, a long while of trace time)."""
+    spare_workers: int = 8
+    """Empty workers kept per pool, so readying a node does not start a process either."""
 
 
 def window(trace: Trace, start_h: float, end_h: float) -> Trace:
@@ -97,6 +106,21 @@ class ReplayLog:
     events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     views: dict[str, dict[str, Any]] = field(default_factory=dict)
     moves: list[dict[str, Any]] = field(default_factory=list)
+    cpu_s: float = 0.0
+    """CPU time the live system used while the trace ran: this process (the control plane)
+    and every process it started (Ray, its workers and drivers) that was still alive."""
+
+
+def system_cpu_s() -> float:
+    """CPU seconds used so far by this process and its descendants (the local Ray's)."""
+    total = 0.0
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def run(
@@ -111,7 +135,7 @@ def run(
         [(job.arrival, 1, job) for job in trace.jobs] + [(job.departure, 0, job) for job in trace.jobs],
         key=lambda e: (e[0], e[1]),
     )
-    began = time.time()
+    began, cpu = time.time(), system_cpu_s()
     shown = 0.0
     for at, arriving, job in happenings:
         due = began + at / options.time_scale
@@ -124,7 +148,7 @@ def run(
             client.request("POST", "/v1/jobs", json=submission(job.spec, options))
         else:
             _depart(client, job.spec.name)
-    log = ReplayLog(began, time.time())
+    log = ReplayLog(began, time.time(), cpu_s=system_cpu_s() - cpu)
     names = [job.spec.name for job in trace.jobs]
     log.node_log = _pages(client, "/v1/nodes/log")
     log.moves = _pages(client, "/v1/moves")
@@ -172,8 +196,22 @@ def realised(trace: Trace, log: ReplayLog, options: ReplayOptions, cost: CostMod
         "max_slowdown": values[-1] if values else float("nan"),
         "slowdowns": slowdowns,
         "restarts": sum(v["restarts"] for v in log.views.values()),
+        "phases": len(log.phase_log),
+        "driver_processes": len(_driver_pids(log)),
+        "live_cpu_s": log.cpu_s,
+        "cpu_ms_per_phase": 1000 * log.cpu_s / len(log.phase_log) if log.phase_log else float("nan"),
         "cost_rate": _cost_rate(log, k, cost),
         **_migrations(log, k),
+    }
+
+
+def _driver_pids(log: ReplayLog) -> set[str]:
+    """The processes the jobs' drivers ran in (each session names its driver's pid)."""
+    return {
+        match.group(0)
+        for events in log.events.values()
+        for event in events
+        if event["kind"] == "session" and (match := DRIVER_PID.search(event["detail"]))
     }
 
 

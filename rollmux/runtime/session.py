@@ -10,6 +10,7 @@ phase back with what it measured. Processes stay alive throughout.
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import ContextDecorator
 from typing import Any
@@ -21,7 +22,8 @@ from rollmux.runtime.nodes import worker_of
 from rollmux.service.client import Grant, TurnSession
 
 PHASES = (ROLLOUT, TRAIN)
-_current: Session | None = None
+_attached = threading.local()
+"""The session of the driver running in this thread (a driver host runs several)."""
 
 
 class Session:
@@ -124,15 +126,15 @@ class Session:
 
 
 def attach(session: Session | None) -> None:
-    """Make ``session`` the one ``rollmux.phase`` uses in this process."""
-    global _current
-    _current = session
+    """Make ``session`` the one ``rollmux.phase`` uses in this thread."""
+    _attached.session = session
 
 
 def current_session() -> Session:
-    if _current is None:
+    session = getattr(_attached, "session", None)
+    if session is None:
         raise RuntimeError("rollmux.phase used outside a RollMux job: no session is attached")
-    return _current
+    return session
 
 
 class phase(ContextDecorator):  # noqa: N801 - reads as a keyword: `with rollmux.phase("rollout"):`

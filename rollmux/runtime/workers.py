@@ -15,6 +15,7 @@ one node at once.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -47,9 +48,10 @@ RoleKey = tuple[str, str]
 class PoolWorker:
     """Hosts job roles on one logical node; wrapped by ``ray.remote`` in :mod:`nodes`."""
 
-    def __init__(self, node_id: int, pool: str, host_limit_bytes: int):
-        importlib.import_module("torch")  # the roles' library, loaded while the node is readied, not when a role lands
-        self.node_id = node_id
+    def __init__(self, pool: str, host_limit_bytes: int):
+        importlib.import_module("torch")  # the roles' library, loaded while the worker warms up, not when a role lands
+        self.node_id: int | None = None
+        """The node it serves now (None: a warm spare)."""
         self.pool = pool
         self.host_limit_bytes = host_limit_bytes
         self.roles: dict[RoleKey, Role] = {}
@@ -60,9 +62,27 @@ class PoolWorker:
         self.running = threading.Lock()
         self.accounting = threading.Lock()
 
+    def assign(self, node_id: int) -> None:
+        """Serve node ``node_id`` from now on (a warm spare taking a node over)."""
+        self.node_id = node_id
+
+    def reset(self) -> None:
+        """Empty the worker for its next node: every role and undelivered weight is dropped.
+        Epochs and the fence are kept, so a call from a job that was here is still refused."""
+        with self.running, self.accounting:
+            self.roles.clear()
+            self.pending_weights.clear()
+            self.awake = None
+            self.node_id = None
+
     def where(self) -> dict[str, Any]:
-        """The logical node and the Ray node this worker runs on."""
-        return {"node_id": self.node_id, "pool": self.pool, "ray_node_id": ray.get_runtime_context().get_node_id()}
+        """The logical node, the Ray node and the process this worker runs on."""
+        return {
+            "node_id": self.node_id,
+            "pool": self.pool,
+            "ray_node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+        }
 
     def load(self, job: str, phase: str, epoch: int, factory: Callable[[], Role]) -> dict[str, float]:
         """Cold start of a job's ``phase`` role for session ``epoch``: build it, then put it

@@ -88,6 +88,10 @@ class Executor(Protocol):
         """Stop the job's driver and drop its roles from every worker."""
         ...
 
+    async def warm_up(self) -> None:
+        """Start the processes kept ahead of need and return once they answer."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -116,6 +120,9 @@ class NoExecutor:
         return "no driver"
 
     async def stop_driver(self, job: str, incarnation: int) -> None:
+        return None
+
+    async def warm_up(self) -> None:
         return None
 
     async def close(self) -> None:
@@ -189,6 +196,8 @@ class ControlPlane:
             self.state.set_capacity(capacity, self.clock())
         await self._recover_drivers()
         await self._persist()
+        await self._sync_nodes()
+        await self.executor.warm_up()
         self._tasks = [
             asyncio.create_task(self._expire_forever(), name="leases"),
             asyncio.create_task(self._reconcile_forever(), name="reconcile"),

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -30,6 +31,9 @@ from rollmux.service.client import DEFAULT_PORT, DEFAULT_STATE_DIR
 from rollmux.service.control import ControlOptions, ControlPlane
 from rollmux.service.lock import WriterLock, acquire_writer_lock
 from rollmux.service.store import Store, default_url
+
+if TYPE_CHECKING:
+    from rollmux.runtime.executor import WarmOptions
 
 log = logging.getLogger("rollmux.service")
 
@@ -58,6 +62,8 @@ class ServeOptions:
     regroup: RegroupConfig | None = field(default_factory=RegroupConfig)
     """Move running jobs when a re-placement pays for its migration (None: never)."""
     slo_guard: bool = True
+    warm: WarmOptions | None = None
+    """Processes kept started ahead of need (None: the executor's defaults)."""
 
 
 class Service:
@@ -106,7 +112,7 @@ class Service:
                 f"(pid {other['pid']} on {other['host']}, state in {other['state']}): "
                 "submit to it (rollmux submit/run --url) instead of starting another"
             )
-        executor = RayExecutor(int(self.options.host_memory_gb * 2**30), self.options.gpus_per_node)
+        executor = RayExecutor(int(self.options.host_memory_gb * 2**30), self.options.gpus_per_node, self.options.warm)
         executor.connect(self.url, self.token)
         registry.register(
             {
