@@ -411,10 +411,20 @@ def serve(
     slo_guard: Annotated[
         bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
     ] = True,
+    drivers_per_process: Annotated[
+        int, typer.Option(min=1, max=1024, help="Job drivers one driver process runs at once (1: isolated)")
+    ] = 1,
+    spare_driver_slots: Annotated[
+        int, typer.Option(min=0, max=4096, help="Drivers the started driver processes can still take at once")
+    ] = 0,
+    spare_workers: Annotated[
+        int, typer.Option(min=0, max=1024, help="Empty workers kept started per pool for the next nodes")
+    ] = 0,
 ) -> None:
     """Run the control plane: places jobs, runs their drivers on Ray, grants their phases."""
     from rollmux.core.regroup import RegroupConfig
     from rollmux.core.spec import Pool
+    from rollmux.runtime.warm import WarmOptions
     from rollmux.service.server import DEFAULT_STATE_DIR, ServeOptions, Service
 
     _policy_names(policy)
@@ -434,6 +444,7 @@ def serve(
         advertise_url=advertise_url,
         regroup=RegroupConfig() if regroup else None,
         slo_guard=slo_guard,
+        warm=WarmOptions(drivers_per_process, spare_driver_slots, spare_workers),
     )
     service = Service(options)
     err.print(f"RollMux control plane on {service.url} — token in {options.state_dir / 'token'}", highlight=False)

@@ -19,8 +19,8 @@ from rollmux.inputs.trace import Trace
 from rollmux.report.html import replay_cost_plot
 from rollmux.report.timeline import chrome_trace
 from rollmux.runtime import replay
-from rollmux.runtime.executor import WarmOptions
 from rollmux.runtime.launch import phase_records, start_ray
+from rollmux.runtime.warm import WarmOptions
 from rollmux.service.client import Client
 from rollmux.service.server import ServeOptions, Service
 from rollmux.sim.compare import compare

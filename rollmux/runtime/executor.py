@@ -19,23 +19,10 @@ from rollmux.core.control import Capacity
 from rollmux.core.spec import Pool
 from rollmux.runtime.driver import HOST_PREFIX, start_host
 from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE, NodeProvisioner, worker_of
+from rollmux.runtime.warm import WarmOptions
 from rollmux.service.failpoints import failpoint
 
 log = logging.getLogger("rollmux.executor")
-
-
-@dataclass(frozen=True)
-class WarmOptions:
-    """How many processes the executor keeps started ahead of need."""
-
-    drivers_per_process: int = 1
-    """Drivers one driver process runs at once: 1 isolates jobs from each other (a crash or
-    a kill takes one job down); more saves a process per job (emulated jobs)."""
-    spare_driver_slots: int = 0
-    """Drivers that the started driver processes can still take at any time: when fewer,
-    another process is started ahead of need (0: a process is started when a job needs it)."""
-    spare_workers: int = 0
-    """Empty workers kept per pool for the next nodes (each holds a unit of its pool)."""
 
 
 @dataclass
@@ -105,20 +92,26 @@ class RayExecutor:
         await asyncio.gather(*(self.nodes.ready(node) for node in nodes))
 
     async def transfer(self, job: str, epoch: int, pairs: list[tuple[str, int, int]]) -> int:
-        """Move a job's roles — (phase, old node, new node) — to their new nodes, each new
-        worker pulling from the old one directly; the old copies are dropped once every
+        """Move a job's roles — (phase, old node, new node) — to their new nodes, worker to
+        worker through Ray's object store (this process passes references); the old copies are dropped once every
         role has landed. Returns the bytes moved. A worker that died loses the job's state
         (RayActorError)."""
         nodes = {n for _, old, new in pairs for n in (old, new)}
         await asyncio.gather(*(self.nodes.ready(n) for n in nodes if n in self.nodes.nodes))
         workers = {n: self.nodes.nodes[n].worker if n in self.nodes.nodes else worker_of(n) for n in nodes}
-        moved = await asyncio.gather(
-            *(workers[new].adopt.remote(job, phase, epoch, workers[old]) for phase, old, new in pairs)
-        )
+        carried = (self._carry(job, epoch, phase, workers[old], workers[new]) for phase, old, new in pairs)
+        moved = await asyncio.gather(*carried)
         failpoint("move:adopted")
         olds = dict.fromkeys(old for _, old, new in pairs)
         await asyncio.gather(*(workers[old].unload.remote(job) for old in olds if old not in {n for *_, n in pairs}))
         return sum(moved)
+
+    @staticmethod
+    async def _carry(job: str, epoch: int, phase: str, source: Any, target: Any) -> int:
+        """One role from its old worker to its new one, unless it is there already."""
+        if await target.holds.remote(job, phase, epoch):
+            return 0
+        return await target.adopt.remote(job, phase, epoch, source.export.remote(job, phase, epoch))
 
     async def start_driver(self, job: str, incarnation: int) -> None:
         """Run the job's driver in a warm driver process with room for it (one is started if

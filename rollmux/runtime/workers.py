@@ -162,13 +162,20 @@ class PoolWorker:
             raise PhaseNotGranted(f"{job} is awake on node {self.node_id}: it moves between phases only")
         return role, self.pending_weights.get(job) if phase == ROLLOUT else None
 
-    def adopt(self, job: str, phase: str, epoch: int, source: ray.actor.ActorHandle) -> int:
-        """Take the job's role over from the worker of its old node, worker to worker (the
-        driver is not involved); returns the bytes moved (0: it was already here)."""
+    def holds(self, job: str, phase: str, epoch: int) -> bool:
+        """Whether the job's role of this session is here already (a move carried out before
+        a restart of the control plane is not carried out twice)."""
+        return self.epochs.get(job) == epoch and (job, phase) in self.roles
+
+    def adopt(self, job: str, phase: str, epoch: int, exported: tuple[Role, tuple[int, dict] | None]) -> int:
+        """Take over the job's role exported by the worker of its old node: Ray resolves the
+        export into this call's argument, so the bytes go worker to worker (the control plane
+        passes a reference only) and no thread here waits for the other worker. Returns the
+        bytes moved (0: it was already here)."""
         self._check_epoch(job, epoch)
-        if self.epochs.get(job) == epoch and (job, phase) in self.roles:
+        if self.holds(job, phase, epoch):
             return 0
-        role, pending = ray.get(source.export.remote(job, phase, epoch))
+        role, pending = exported
         self._seat(job, phase, epoch, role, pending)
         return role.state.host_bytes()
 

@@ -33,7 +33,7 @@ from rollmux.service.lock import WriterLock, acquire_writer_lock
 from rollmux.service.store import Store, default_url
 
 if TYPE_CHECKING:
-    from rollmux.runtime.executor import WarmOptions
+    from rollmux.runtime.warm import WarmOptions
 
 log = logging.getLogger("rollmux.service")
 
