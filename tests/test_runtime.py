@@ -19,11 +19,14 @@ from rollmux.core.errors import StaleEpoch
 from rollmux.core.spec import Pool
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
+from rollmux.runtime.executor import RayExecutor
 from rollmux.runtime.launch import RunResult, run_plan, start_ray
 from rollmux.runtime.nodes import NodeProvisioner, worker_of
 from rollmux.runtime.session import Session, phase
+from rollmux.runtime.warm import WarmOptions
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
 from rollmux.service.client import ServiceError
+from tests.test_recovery import wait_until
 
 SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
 
@@ -264,6 +267,23 @@ def test_a_released_nodes_worker_serves_the_next_node_of_its_pool(local_ray):
         assert ray.get(worker_of(6).where.remote())["pid"] != first["pid"]  # a train node: another worker
     finally:
         nodes.release_all()
+
+
+def test_a_restarted_executor_finds_the_drivers_and_spare_workers_that_outlived_it(local_ray):
+    before = RayExecutor(2**30, warm=WarmOptions(drivers_per_process=4, spare_workers=1))
+    before.connect("http://127.0.0.1:9", "token")  # nobody answers: the driver keeps retrying its session
+    asyncio.run(before.warm_up())
+    asyncio.run(before.start_driver("a", 3))
+    host = before.drivers["a"][1].handle
+    wait_until(lambda: ray.get(host.drivers.remote()) == {"a": 3})
+    spare = before.nodes.spares[Pool.ROLLOUT][0].name
+    after = RayExecutor(2**30, warm=WarmOptions(drivers_per_process=4, spare_workers=1))
+    try:
+        assert asyncio.run(after.driver_alive("a", 3)) and not asyncio.run(after.driver_alive("a", 2))
+        assert asyncio.run(after.driver_pid("a")) == asyncio.run(before.driver_pid("a"))
+        assert [s.name for s in after.nodes.spares[Pool.ROLLOUT]] == [spare]
+    finally:
+        asyncio.run(before.close())
 
 
 class SlowRollout(GRPORollout):

@@ -36,6 +36,7 @@ def start_ray(address: str | None = None, rollout_nodes: int = 1, train_nodes: i
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
         return
     ray.init(
+        address="local",  # a new instance, even where another one's address file is left behind
         num_cpus=max(4, os.cpu_count() or 1),
         resources=pool_resources(rollout_nodes, train_nodes),
         include_dashboard=False,
