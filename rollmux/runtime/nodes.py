@@ -167,13 +167,6 @@ class NodeProvisioner:
             node.worker.assign.remote(node_id)
             await node.worker.where.remote()
 
-    async def wait_ready(self, node_id: int, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self.ready(node_id), timeout=timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
     def release(self, node_id: int) -> None:
         """The node is given back; its worker, emptied, is kept as a spare if its pool has
         room for one (a worker that no longer answers is not)."""
