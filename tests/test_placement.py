@@ -156,3 +156,49 @@ def test_the_cheap_pre_checks_never_reject_a_feasible_candidate(jobs):
             state = cluster.evaluate(group, candidate.member)
             members = [*group.members, candidate.member]
             assert any(p > m.job.period_budget for m, p in zip(members, state.periods, strict=False))
+
+
+def colo_job(name: str, rollout: float, train: float, colo_rollout: float, slo: float) -> JobSpec:
+    return JobSpec(
+        name=name,
+        rollout=PhaseTime.fixed(rollout),
+        train=PhaseTime.fixed(train),
+        slo=slo,
+        rollout_mem_gb=100.0,
+        train_mem_gb=100.0,
+        colocated=(PhaseTime.fixed(colo_rollout), PhaseTime.fixed(train)),
+    )
+
+
+def test_a_training_heavy_job_runs_co_located_on_a_trainer_of_its_own():
+    """Its training takes more than half its budget: no job like it could share the
+    trainer, so the rollout node is saved (hybrid placement)."""
+    cluster = Cluster()
+    for name in ("a", "b"):
+        placed = place(cluster, RollMuxPolicy(), colo_job(name, 50, 300, 55, slo=1.2))
+        assert placed.kind is PlacementKind.ISOLATE_COLOCATED
+        assert placed.delta_per_hour == pytest.approx(cluster.cost.price(Pool.TRAIN))
+    assert (cluster.nodes(Pool.ROLLOUT), cluster.nodes(Pool.TRAIN)) == (0, 2)
+    assert all(s <= 1.2 for s in cluster.slowdowns().values())
+    assert (
+        RollMuxPolicy(colocate=False).choose(Cluster(), colo_job("c", 50, 300, 55, slo=1.2)).kind
+        is PlacementKind.ISOLATE
+    )
+
+
+def test_co_located_jobs_share_a_trainer_in_turn_when_it_costs_no_node():
+    cluster = Cluster()
+    first = place(cluster, RollMuxPolicy(), colo_job("a", 120, 60, 30, slo=2.0))
+    second = place(cluster, RollMuxPolicy(), colo_job("b", 120, 60, 30, slo=2.0))
+    assert first.kind is PlacementKind.ISOLATE_COLOCATED
+    assert second.kind is PlacementKind.COLOCATE and second.delta_per_hour == 0
+    assert (cluster.nodes(Pool.ROLLOUT), cluster.nodes(Pool.TRAIN)) == (0, 1)
+    assert all(s <= 2.0 for s in cluster.slowdowns().values())
+
+
+def test_balanced_jobs_stay_disaggregated_when_co_location_only_defers_nodes():
+    """Co-locating (rollout x1.1 on the trainer) would take trainer time a later job
+    could pack into: the first job is isolated disaggregated, the second packs."""
+    cluster = Cluster()
+    assert place(cluster, RollMuxPolicy(), job("a", 100, 100)).kind is PlacementKind.ISOLATE
+    assert place(cluster, RollMuxPolicy(), job("b", 100, 100)).kind is PlacementKind.PACK
