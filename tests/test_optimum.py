@@ -54,8 +54,7 @@ def test_optimum_is_never_dearer_than_online_placement(specs):
     cluster = Cluster()
     for spec in jobs:
         place(cluster, RollMuxPolicy(), spec)
-    # Online placement may co-locate (hybrid), so the optimum searches co-located groups too.
-    assert optimum(jobs, colocate=True).cost_per_hour <= cluster.cost_per_hour() + 1e-9
+    assert optimum(jobs).cost_per_hour <= cluster.cost_per_hour() + 1e-9
 
 
 def test_two_lonely_balanced_jobs_are_regrouped_when_it_pays():

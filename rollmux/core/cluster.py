@@ -20,10 +20,6 @@ class PlacementKind(str, Enum):
     PACK = "pack"
     SCALE_ROLLOUT = "scale-rollout"
     ISOLATE = "isolate"
-    COLOCATE = "colocate"
-    """Both phases on a group's existing training nodes, in turn with its other jobs."""
-    ISOLATE_COLOCATED = "isolate-colocated"
-    """Both phases on training nodes of its own (a new group without rollout nodes)."""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from rollmux.core.cluster import Candidate, Cluster, Group, Member, PlacementKind
-from rollmux.core.configs import with_colocated_times
 from rollmux.core.errors import ResidencyExceeded
 from rollmux.core.roundrobin import SteadyState
 from rollmux.core.spec import JobSpec, Pool
@@ -80,47 +79,21 @@ def scale_rollout_candidates(cluster: Cluster, group: Group, job: JobSpec) -> It
         yield Candidate(PlacementKind.SCALE_ROLLOUT, group.id, member, new_rollout, delta)
 
 
-def colocate_candidates(cluster: Cluster, group: Group, job: JobSpec) -> Iterator[Candidate]:
-    """The job co-located on the group's existing training nodes (marginal cost 0): both
-    its phases, with its co-located times, take turns there with the group's phases."""
-    spec = with_colocated_times(job)
-    for train in _node_choices(cluster, group, spec, Pool.TRAIN):
-        yield Candidate(PlacementKind.COLOCATE, group.id, Member(spec, train, train, colocated=True), (), 0.0)
-
-
-def isolate_colocated(cluster: Cluster, job: JobSpec) -> Candidate:
-    """A new group of the job alone on training nodes of its own, both phases there with
-    its co-located times (the Co-located baseline's placement)."""
-    spec = with_colocated_times(job)
-    train = _new_nodes(Pool.TRAIN, job.train_width, -1)
-    ids = tuple(n for n, _ in train)
-    member = Member(spec, ids, ids, colocated=True)
-    delta = job.train_width * cluster.cost.price(Pool.TRAIN)
-    return Candidate(PlacementKind.ISOLATE_COLOCATED, None, member, train, delta)
-
-
 def group_candidates(cluster: Cluster, group: Group, job: JobSpec) -> Iterator[Candidate]:
     """Every residency-respecting candidate in one group, cheapest kind first."""
     yield from pack_candidates(cluster, group, job)
     yield from scale_rollout_candidates(cluster, group, job)
 
 
-def _group_may_host(cluster: Cluster, group: Group, job: JobSpec, colocated: bool = False) -> bool:
-    """Cheap group-level prune: the job's chain and what it adds to the least loaded
-    trainer (its training, or both its co-located phases) must fit the tightest SLO in the
-    group. Saturated groups fail here and are skipped."""
+def _group_may_host(cluster: Cluster, group: Group, job: JobSpec) -> bool:
+    """Cheap group-level prune: the job's chain and its training on the least loaded trainer
+    must fit the tightest SLO in the group. Saturated groups fail here and are skipped."""
     budget = min(group.budget_s, job.period_budget)
-    if colocated:
-        chain = sum(p.planned(cluster.planning) for p in with_colocated_times(job).colocated or ())
-        on_trainer = chain
-    else:
-        chain = job.planned_iteration(cluster.planning)
-        on_trainer = job.train.planned(cluster.planning)
-    if chain > budget * (1 + _SLO_TOL):
+    if job.planned_iteration(cluster.planning) > budget * (1 + _SLO_TOL):
         return False
     load = group.schedule.busy_s
     least = min((load.get(n, 0.0) for n in group.train_nodes), default=float("inf"))
-    return least + on_trainer <= budget * (1 + _SLO_TOL)
+    return least + job.train.planned(cluster.planning) <= budget * (1 + _SLO_TOL)
 
 
 def _may_fit(cluster: Cluster, group: Group | None, candidate: Candidate) -> bool:
@@ -148,80 +121,29 @@ def _within_slo(cluster: Cluster, group: Group | None, candidate: Candidate, sta
 class RollMuxPolicy:
     """Least marginal cost placement within every touched job's SLO and the residency limit.
 
-    Candidates are tried by marginal cost, cheapest first: pack into an existing group
-    (no new node), co-locate on a group's existing training nodes (no new node), scale a
-    group's rollout side (new rollout nodes only), isolate co-located (training nodes of
-    its own), isolate (a new group with nodes of both pools). Within a level, groups are
-    tried oldest first and the first feasible candidate wins (first fit). Feasibility is
-    the exact steady state of the group's round-robin schedule with the job added, so
-    groups bound by a shared node (T2 > T1) are used as long as every member's SLO holds.
-    Co-located candidates use the job's co-located phase times, estimated from its
-    disaggregated ones when absent (rollmux.core.configs.colocated_phases).
-    ``scale_rollout=False`` gives the pack-or-isolate ablation, ``colocate=False`` the
-    placement without co-location.
+    Candidates are tried cheapest first: pack into an existing group (no new node), then
+    scale a group's rollout side (new rollout nodes only), then isolate (new group). Within
+    a level, groups are tried oldest first and the first feasible candidate wins (first
+    fit). Feasibility is the exact steady state of the group's round-robin schedule with
+    the job added, so groups bound by a shared node (T2 > T1) are used as long as every
+    member's SLO holds. ``scale_rollout=False`` gives the pack-or-isolate ablation.
     """
 
     name: str = "rollmux"
     scale_rollout: bool = True
-    colocate: bool = True
 
     def choose(self, cluster: Cluster, job: JobSpec) -> Candidate:
         check_residency(cluster, job)
-        for _, level in sorted(self._levels(cluster, job), key=lambda item: item[0]):
-            for candidate in level():
-                if _feasible(cluster, candidate):
-                    return candidate
-        return isolate(cluster, job)
-
-    def _levels(self, cluster: Cluster, job: JobSpec) -> list[tuple[float, Callable[[], Iterator[Candidate]]]]:
-        """(Marginal cost, candidates) of every level; a stable sort keeps disaggregated
-        levels ahead of co-located ones at equal cost."""
-        price = cluster.cost.price
         hosts = [g for g in cluster.groups.values() if _group_may_host(cluster, g, job)]
-        levels: list[tuple[float, Callable[[], Iterator[Candidate]]]] = [
-            (0.0, lambda: (c for g in hosts for c in pack_candidates(cluster, g, job)))
-        ]
-        colocate = self.colocate and _colocation_pays(cluster, job)
-        if colocate:
-            colo_hosts = [g for g in cluster.groups.values() if _group_may_host(cluster, g, job, colocated=True)]
-            levels.append((0.0, lambda: (c for g in colo_hosts for c in colocate_candidates(cluster, g, job))))
-        if self.scale_rollout:
-            levels.append(
-                (
-                    job.rollout_width * price(Pool.ROLLOUT),
-                    lambda: (c for g in hosts for c in scale_rollout_candidates(cluster, g, job)),
-                )
-            )
-        if colocate:
-            levels.append((job.train_width * price(Pool.TRAIN), lambda: iter([isolate_colocated(cluster, job)])))
-        return levels
-
-
-def _colocation_pays(cluster: Cluster, job: JobSpec) -> bool:
-    """Whether co-locating the job is worth the trainer time it takes. Yes when its
-    co-located phases cost no more node time than its disaggregated ones, priced
-    (``P_T w_T (r' + t') <= P_R w_R r + P_T w_T t``), or when its training alone takes more
-    than half its SLO budget: no job like it could share its trainer anyway, so only its
-    rollout node is saved. Otherwise co-location is cheaper only by the nodes it does not
-    add now, while it takes trainer time that jobs arriving later could pack into (on the
-    production trace, placing by added nodes alone lowers online Solo/RollMux from 1.62
-    to 1.45)."""
-    planning = cluster.planning
-    rollout, train = (p.planned(planning) for p in with_colocated_times(job).colocated or ())
-    if job.train.planned(planning) > job.period_budget / 2:
-        return True
-    price_t, price_r = cluster.cost.price(Pool.TRAIN), cluster.cost.price(Pool.ROLLOUT)
-    colocated = price_t * job.train_width * (rollout + train)
-    disaggregated = price_r * job.rollout_width * job.rollout.planned(planning)
-    disaggregated += price_t * job.train_width * job.train.planned(planning)
-    return colocated <= disaggregated
-
-
-def _feasible(cluster: Cluster, candidate: Candidate) -> bool:
-    group = cluster.groups.get(candidate.group_id) if candidate.group_id is not None else None
-    return _may_fit(cluster, group, candidate) and _within_slo(
-        cluster, group, candidate, cluster.evaluate(group, candidate.member)
-    )
+        levels = [pack_candidates, scale_rollout_candidates] if self.scale_rollout else [pack_candidates]
+        for level in levels:
+            for group in hosts:
+                for candidate in level(cluster, group, job):
+                    if _may_fit(cluster, group, candidate) and _within_slo(
+                        cluster, group, candidate, cluster.evaluate(group, candidate.member)
+                    ):
+                        return candidate
+        return isolate(cluster, job)
 
 
 def check_residency(cluster: Cluster, job: JobSpec) -> None:
