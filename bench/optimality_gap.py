@@ -1,7 +1,7 @@
 """RollMux's placement against a proven lower bound, at every snapshot of two traces.
 
 Replays the production trace (SLOs from U(1.2, 1.5), seed 0) and a seeded rollout-heavy
-trace of the shipped generator (``rollmux generate rh.jsonl --jobs 100 --mix
+trace of the shipped generator (``rollmux generate rh.jsonl --jobs 60 --mix
 rollout-heavy --arrivals uniform --seed 0``) under RollMux with its default regrouping
 (migrations charged). After every event at which a job runs, it bounds the cost of any
 placement of exactly the running jobs from below (rollmux.core.bound: the LP relaxation of
@@ -115,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-exact-jobs", type=int, default=8, help="solve the exact optimum up to this many jobs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the SLO draw and of the generated trace")
-    parser.add_argument("--rollout-heavy-jobs", type=int, default=100)
+    parser.add_argument("--rollout-heavy-jobs", type=int, default=60)
     parser.add_argument("--quick", type=int, default=0, metavar="K", help="only every K-th snapshot")
     parser.add_argument("--quiet", action="store_true", help="only the summary lines")
     args = parser.parse_args()
