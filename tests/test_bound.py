@@ -1,0 +1,105 @@
+"""The lower bound on any snapshot's cost: never above the exact optimum or any feasible
+placement, equal to the optimum where the LP is integral, and still a bound when its
+work budget runs out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollmux.core.bound import BoundConfig, lower_bound, price_unit
+from rollmux.core.cluster import Cluster
+from rollmux.core.optimum import optimum
+from rollmux.core.placement import RollMuxPolicy, place
+from rollmux.core.spec import CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool
+
+COST = CostModel()
+PLANNING = Planning.P95
+
+
+def job(i: int, rollout: float, train: float, slo: float, mem: float = 300.0, width: int = 1) -> JobSpec:
+    return JobSpec(
+        f"j{i}",
+        PhaseTime.fixed(rollout),
+        PhaseTime.fixed(train),
+        slo,
+        rollout_width=width,
+        train_width=width,
+        rollout_mem_gb=mem,
+        train_mem_gb=mem,
+    )
+
+
+specs = st.lists(
+    st.tuples(st.integers(20, 400), st.integers(20, 400), st.floats(1.0, 2.0), st.sampled_from([100.0, 300.0, 700.0])),
+    min_size=1,
+    max_size=5,
+)
+
+
+def jobs_of(drawn: list[tuple[int, int, float, float]]) -> list[JobSpec]:
+    return [job(i, r, t, s, mem) for i, (r, t, s, mem) in enumerate(drawn)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs)
+def test_bound_is_at_most_the_exact_optimum(drawn):
+    jobs = jobs_of(drawn)
+    best = optimum(jobs, COST, PLANNING, colocate=True).cost_per_hour
+    bound = lower_bound(jobs, COST, PLANNING)
+    assert bound.lp <= bound.value <= best + 1e-6
+    assert bound.upper >= best - 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs, st.integers(1, 30), st.integers(1, 4))
+def test_bound_stays_a_bound_when_its_work_budget_runs_out(drawn, nodes, evaluations):
+    jobs = jobs_of(drawn)
+    best = optimum(jobs, COST, PLANNING, colocate=True).cost_per_hour
+    starved = BoundConfig(nodes_per_pass=nodes, evaluations=evaluations, rounds=2, columns_per_round=2)
+    assert lower_bound(jobs, COST, PLANNING, starved).value <= best + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs.filter(lambda drawn: len(drawn) <= 4))
+def test_bound_is_at_most_the_cost_of_online_placement(drawn):
+    """Groups of at most four jobs: every configuration online placement can form is one
+    the model searches (mixed co-location is searched up to four jobs)."""
+    jobs = jobs_of(drawn)
+    cluster = Cluster()
+    for spec in jobs:
+        place(cluster, RollMuxPolicy(), spec)
+    assert lower_bound(jobs, COST, PLANNING).value <= cluster.cost_per_hour() + 1e-6
+
+
+def test_bound_equals_the_optimum_where_the_lp_is_integral():
+    """Two balanced jobs share one pair of nodes; a job whose chain fits no other's budget
+    stays alone: the cheapest cover is also the LP's."""
+    jobs = [job(0, 100, 100, 1.5), job(1, 100, 100, 1.5), job(2, 900, 900, 1.1)]
+    bound = lower_bound(jobs, COST, PLANNING)
+    best = optimum(jobs, COST, PLANNING, colocate=True).cost_per_hour
+    assert bound.lp == pytest.approx(best)
+    assert bound.value == pytest.approx(best) and bound.optimal and bound.converged
+
+
+def test_exact_search_closes_the_lp_gap():
+    """Four balanced jobs of SLO 1.5: three fit one pair of nodes, so the LP prices each
+    job at a third of a pair, but four need two pairs: the search over every column that
+    could beat the best placement found proves the optimum."""
+    jobs = [job(i, 100, 100, 1.5) for i in range(4)]
+    bound = lower_bound(jobs, COST, PLANNING)
+    best = optimum(jobs, COST, PLANNING, colocate=True).cost_per_hour
+    assert bound.lp < best - 1e-6
+    assert bound.value == pytest.approx(best) and bound.optimal and bound.enumerated
+
+
+def test_price_unit_is_a_rollout_node_in_the_published_model():
+    assert price_unit(COST) == pytest.approx(COST.price(Pool.ROLLOUT))
+    odd = CostModel(rollout=NodeType("R", Pool.ROLLOUT, 10.0), train=NodeType("T", Pool.TRAIN, 10.0 * 2**0.5))
+    assert price_unit(odd) is None
+
+
+def test_a_job_infeasible_even_alone_is_refused():
+    with pytest.raises(ValueError, match="even alone"):
+        lower_bound([job(0, 100, 100, 1.5, mem=5000.0)], COST, PLANNING)
