@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/regroup_latency.py --jobs 400
 	$(BIN)/python bench/ablation.py
 	$(BIN)/python bench/stochastic.py
-	$(BIN)/python bench/optimality_gap.py
+	$(BIN)/python bench/optimality_gap.py --quick 4
 	$(BIN)/python bench/intra_group_order.py
 	$(BIN)/python bench/multiplex.py
 	$(BIN)/python bench/context_switch.py
