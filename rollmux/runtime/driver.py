@@ -15,6 +15,7 @@ incarnation exists) stops without touching the job.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import threading
@@ -39,6 +40,7 @@ class DriverHost:
 
     def __init__(self) -> None:
         importlib.import_module("torch")  # what job programs load, imported while the host warms up
+        gc.freeze()  # what was imported is never collected: full collections stay short, not ~80 ms
         self.running: dict[str, int] = {}
         self.changed = threading.Condition()
 

@@ -14,6 +14,7 @@ one node at once.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import threading
@@ -50,6 +51,7 @@ class PoolWorker:
 
     def __init__(self, pool: str, host_limit_bytes: int):
         importlib.import_module("torch")  # the roles' library, loaded while the worker warms up, not when a role lands
+        gc.freeze()  # what was imported is never collected: full collections stay short
         self.node_id: int | None = None
         """The node it serves now (None: a warm spare)."""
         self.pool = pool
