@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rollmux.service.client import Client
-from rollmux.service.failpoints import VARIABLE
+from rollmux.service.failpoints import ONCE_VARIABLE, VARIABLE
 from tests.service_process import ServiceProcess
 from tests.test_recovery import no_node_runs_two_jobs, wait_until
 
@@ -39,13 +39,14 @@ def emulated(name: str, actual_s: float = PHASE_S) -> dict:
 
 
 def serve(tmp_path, failpoint: str | None = None, extra: tuple[str, ...] = ()) -> ServiceProcess:
-    if failpoint:
-        os.environ[VARIABLE] = failpoint
+    if failpoint:  # one crash in whichever process gets there first (workers inherit the variables)
+        os.environ[VARIABLE], os.environ[ONCE_VARIABLE] = failpoint, str(tmp_path / "failpoint-fired")
     try:
         arguments = ("--rollout-nodes", "6", "--train-nodes", "6", "--lease-s", "3", *extra)
         return ServiceProcess(tmp_path / "state", extra=arguments).start(timeout_s=120)
     finally:
         os.environ.pop(VARIABLE, None)
+        os.environ.pop(ONCE_VARIABLE, None)
 
 
 @pytest.fixture()

@@ -3,7 +3,9 @@ there loses nothing.
 
 ``ROLLMUX_FAILPOINT=name`` makes the process SIGKILL itself the first time it reaches the
 failpoint ``name`` (as an operator's ``kill -9`` would, with no cleanup); unset, a
-failpoint is a dictionary lookup.
+failpoint is a dictionary lookup. Every process started with the variable has it armed
+(each worker, each restarted service); with ``ROLLMUX_FAILPOINT_ONCE=path`` it fires in
+the first process that creates ``path`` only, so one crash is injected, not one per process.
 """
 
 from __future__ import annotations
@@ -12,8 +14,21 @@ import os
 import signal
 
 VARIABLE = "ROLLMUX_FAILPOINT"
+ONCE_VARIABLE = "ROLLMUX_FAILPOINT_ONCE"
 
 
 def failpoint(name: str) -> None:
-    if os.environ.get(VARIABLE) == name:
+    if os.environ.get(VARIABLE) == name and _first_anywhere():
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _first_anywhere() -> bool:
+    """Whether this is the crash to inject: always, unless a marker file says one was."""
+    marker = os.environ.get(ONCE_VARIABLE)
+    if not marker:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
