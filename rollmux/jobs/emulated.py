@@ -90,7 +90,7 @@ class EmulatedJob:
                 history.append(session.report({"iteration": float(iteration)}, iteration))
                 seconds = self.config.phase_s("train", session.colocated)
                 session.fetch(session.call("train", "work", self._left(session, seconds)))
-                self._checkpoint(iteration + 1)  # the step is complete only once its work is
+            self._checkpoint(iteration + 1)  # once its release is recorded: a crash repeats a step, never skips it
         return history
 
     @staticmethod
