@@ -89,12 +89,13 @@ def test_a_killed_driver_holding_a_grant_loses_it_within_its_lease_and_resumes(s
     assert views["a"]["restarts"] == 1 and views["b"]["restarts"] == 0
     log = api.phase_log()
     revoked = [e for e in log if e["outcome"] == "revoked"]
-    assert [(e["job"], e["phase"]) for e in revoked] == [("a", held["phase"])]
+    assert [e["job"] for e in revoked] == ["a"]  # the driver may have moved on a phase after `held`
+    assert held["iterations"] <= revoked[0]["iteration"] <= held["iterations"] + 1
     node = revoked[0]["nodes"][0]
     partner = min(e["granted_at"] for e in log if e["job"] != "a" and node in e["nodes"] and e["granted_at"] > killed)
     assert partner - killed <= LEASE_S + 2.0
     resumed = [e for e in api.request("GET", "/v1/jobs/a/events") if e["kind"] == "running"][-1]
-    assert f"from iteration {held['iterations']}" in resumed["detail"]
+    assert f"from iteration {revoked[0]['iteration']}" in resumed["detail"]  # the step it held, redone
     assert losses(api, "a") == losses(api, "ref") and len(losses(api, "a")) == ITERATIONS
     no_node_runs_two_jobs(log)
 
