@@ -5,6 +5,11 @@ job pays at every phase. Cold: the role is rebuilt and its state restored from a
 checkpoint on disk (process start not included, so the ratio is conservative). The
 job's own phase times are measured in the same run, so the warm switch is also reported
 as a share of a phase. Last line: ``warm_ms=… cold_ms=… ratio=…``.
+
+``--mib N`` adds a large case: a transformer-like stack of linear layers trained one Adam
+step, so its state is real weights plus every optimizer tensor (about N MiB in all); its
+switch is timed the same way and reported with the bytes moved per second (each switch
+moves the state out and back in). On a CPU-only machine "device" and host are both RAM.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from pathlib import Path
 import torch
 
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer
+from rollmux.runtime.state import RoleState
 
 BENCH_CONFIG = GRPOConfig.benchmark()
+WIDTH = 2048
+"""Width of the large case's layers: each holds 16 MiB of float32 weights."""
 
 
 def timed(action) -> float:
@@ -31,7 +39,10 @@ def timed(action) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--mib", type=float, default=0.0, help="also switch a model + Adam state of this size")
     args = parser.parse_args()
+    if args.mib:
+        large_case(args.mib, max(3, args.repeats // 4))
     torch.set_num_threads(1)
     rollout, trainer = GRPORollout(BENCH_CONFIG), GRPOTrainer(BENCH_CONFIG)
     rollout_s, train_s = [], []
@@ -62,6 +73,29 @@ def main() -> None:
     )
     print(f"warm_share_of_phase={warm_ms / phase_ms:.4f} (target <= 0.05)")
     print(f"warm_ms={warm_ms:.3f} cold_ms={cold_ms:.3f} ratio={cold_ms / warm_ms:.1f}")
+
+
+def large_case(mib: float, repeats: int) -> None:
+    """A model and its Adam state of about ``mib`` MiB: weights are a third of it (Adam keeps
+    two moments per weight; gradients are dropped after the step, as training loops do)."""
+    layers = max(1, round(mib * 2**20 / 3 / (WIDTH * WIDTH * 4)))
+    model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model(torch.randn(4, WIDTH)).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state = RoleState(model, optimizer, device="cpu")
+    moved = state.host_bytes()
+    sleeps, wakes = [], []
+    for _ in range(repeats):
+        sleeps.append(state.sleep())
+        wakes.append(state.wake())
+    sleep_s, wake_s = statistics.median(sleeps), statistics.median(wakes)
+    print(
+        f"large: {moved / 2**20:.0f} MiB of weights and Adam state ({layers} layers of {WIDTH}x{WIDTH}), "
+        f"median of {repeats}: sleep {1000 * sleep_s:.1f} ms, wake {1000 * wake_s:.1f} ms, "
+        f"switch {1000 * (sleep_s + wake_s):.1f} ms, {2 * moved / (sleep_s + wake_s) / 1e9:.2f} GB/s"
+    )
 
 
 if __name__ == "__main__":

@@ -35,3 +35,8 @@ class JobEnded(RollMuxError):
 
 class NoCapacity(RollMuxError):
     """The job needs more nodes of a pool than the whole cluster offers: it can never run."""
+
+
+class StaleWeights(RollMuxError):
+    """Weights older than the ones a role holds, or than its next rollout needs, were offered
+    to it: running on them would break the on-policy guarantee."""

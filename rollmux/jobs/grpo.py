@@ -26,16 +26,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rollmux.core.errors import StaleWeights
 from rollmux.runtime.program import JobContext
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState, read_checkpoint
+from rollmux.runtime.weights import PackedWeights, Publisher, load_packed
 
 PLUS, EQUALS, BOS = 10, 11, 12
 VOCAB = 13
-
-
-class StaleWeights(RuntimeError):
-    """A rollout was asked to run on weights older than its iteration needs."""
 
 
 @dataclass(frozen=True)
@@ -144,12 +142,10 @@ class GRPORollout:
             self.version = saved["extra"]["version"]
         self.state = RoleState(self.policy)
 
-    def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """Take the trainer's weights of ``version``; the role must be awake."""
-        with torch.no_grad():
-            for name, tensor in self.policy.state_dict().items():
-                tensor.copy_(weights[name])
-        self.version = version
+    def load_weights(self, version: int, weights: PackedWeights) -> None:
+        """Take the trainer's weights of ``version`` into the policy's own tensors; the role
+        must be awake. Older weights than it holds are refused."""
+        self.version = load_packed(self.policy, weights, self.version)
 
     @torch.no_grad()
     def generate(self, iteration: int) -> dict:
@@ -198,6 +194,8 @@ class GRPOTrainer:
         self.version = 0
         self.history: list[dict[str, float]] = []
         self.state = RoleState(self.policy, self.optimizer)
+        self.publisher = Publisher(self.policy)
+        self.state.also_holds(self.publisher.buffer)
         if checkpoint and Path(checkpoint).exists():
             saved = self.state.restore(Path(checkpoint))
             self.version, self.history = saved["version"], list(saved["history"])
@@ -249,9 +247,9 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
-    def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """The current weights (on CPU, for any transport) and their version."""
-        return self.version, {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+    def weights(self) -> tuple[int, PackedWeights]:
+        """The current weights and their version, packed for a sync without pickling."""
+        return self.version, self.publisher.publish(self.version)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
-from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch
+from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch, StaleWeights
 from rollmux.core.roundrobin import ROLLOUT
 from rollmux.service.failpoints import failpoint
 
@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # for annotations only
 
 class PhaseNotGranted(RollMuxError):
     """A role was called while asleep: its job does not hold this node now."""
+
+
+class WeightsMissing(RollMuxError):
+    """A role slept with ``discard`` was called before the trainer sent its weights again."""
 
 
 class Role(Protocol):
@@ -118,12 +122,14 @@ class PoolWorker:
             if self.awake is not None and self.awake != key and self.awake in self.roles:
                 seconds += self.roles[self.awake].state.sleep()
             role = self._role(key)
+            self._check_residency(f"waking {job}'s {phase} role")
             seconds += role.state.wake()
             self.awake = key
             if phase == ROLLOUT and job in self.pending_weights:
                 version, weights = self.pending_weights.pop(job)
                 start = time.perf_counter()
                 role.load_weights(version, weights)  # type: ignore[attr-defined]
+                role.state.weights_loaded()
                 seconds += time.perf_counter() - start
             return seconds
 
@@ -142,15 +148,29 @@ class PoolWorker:
         self._check_epoch(job, epoch, exact=True)
         self._role((job, ROLLOUT))
         version, weights = published
-        self.pending_weights[job] = (version, weights)
+        with self.accounting:
+            waiting = self.pending_weights.get(job)
+            if waiting is not None and waiting[0] > version:
+                raise StaleWeights(f"node {self.node_id}: {job} weights {version} arrived after version {waiting[0]}")
+            self.pending_weights[job] = (version, weights)
+            try:
+                self._check_residency(f"receiving {job}'s weights version {version}")
+            except ResidencyExceeded:
+                self.pending_weights.pop(job)
+                raise
         return version
 
     def call(self, job: str, phase: str, epoch: int, token: int, method: str, *args: Any) -> Any:
         """Run one method of the job's role; only while its grant is the node's newest."""
         with self.running:
             self._check_epoch(job, epoch, exact=True)
-            if not self._role((job, phase)).state.awake:
+            state = self._role((job, phase)).state
+            if not state.awake:
                 raise PhaseNotGranted(f"{job} called {method} on node {self.node_id} outside its phase")
+            if state.needs_weights:
+                raise WeightsMissing(
+                    f"{job}'s {phase} role on node {self.node_id} was discarded and got no weights since"
+                )
             self._check_holder(job, phase, epoch, token)
             return getattr(self.roles[(job, phase)], method)(*args)
 
@@ -182,8 +202,18 @@ class PoolWorker:
         return role.state.host_bytes()
 
     def host_bytes(self) -> int:
-        with self.accounting:
-            return sum(role.state.host_bytes() for role in self.roles.values())
+        """Every byte the node's jobs keep in its host memory: each role's host copy (the
+        optimizer's state included once it exists) and weights delivered but not applied yet."""
+        roles, pending = list(self.roles.values()), list(self.pending_weights.values())
+        return sum(role.state.host_bytes() for role in roles) + sum(payload_bytes(w) for _, w in pending)
+
+    def _check_residency(self, doing: str) -> None:
+        used = self.host_bytes()
+        if used > self.host_limit_bytes:
+            raise ResidencyExceeded(
+                f"node {self.node_id} ({self.pool}): {doing} would hold {used / 2**20:.1f} MiB of host memory, "
+                f"over its {self.host_limit_bytes / 2**20:.1f} MiB"
+            )
 
     def _seat(self, job: str, phase: str, epoch: int, role: Role, pending: tuple[int, dict] | None) -> None:
         """Keep a sleeping role here if the node's host memory has room for it."""
@@ -193,7 +223,9 @@ class PoolWorker:
             if self.epochs.get(job, epoch) != epoch:  # a newer session: the older one's roles go
                 for key in [k for k in self.roles if k[0] == job]:
                     del self.roles[key]
-            used = sum(r.state.host_bytes() for k, r in self.roles.items() if k != (job, phase))
+            used = sum(r.state.host_bytes() for k, r in self.roles.items() if k != (job, phase)) + sum(
+                payload_bytes(weights) for j, (_, weights) in self.pending_weights.items() if j != job
+            )
             if used + needed > self.host_limit_bytes:
                 raise ResidencyExceeded(
                     f"node {self.node_id} ({self.pool}): {job} needs {needed / 2**20:.1f} MiB of host memory, "
@@ -222,3 +254,11 @@ class PoolWorker:
         if key not in self.roles:
             raise KeyError(f"job {key[0]} has no {key[1]} role on node {self.node_id}")
         return self.roles[key]
+
+
+def payload_bytes(weights: Any) -> int:
+    """Host bytes held by delivered weights: packed (``nbytes``) or a dict of tensors.
+    Duck-typed, so the control plane importing this module does not import torch."""
+    if isinstance(weights, dict):
+        return sum(t.numel() * t.element_size() for t in weights.values() if hasattr(t, "element_size"))
+    return int(getattr(weights, "nbytes", 0))

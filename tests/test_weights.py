@@ -1,0 +1,109 @@
+"""Weight sync without pickling: packed weights round-trip exactly, travel through Ray as
+raw buffers, are refused when stale, and count in the receiving node's host memory."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import ray
+import torch
+from torch import nn
+
+from rollmux.core.errors import ResidencyExceeded, StaleWeights
+from rollmux.runtime.launch import start_ray
+from rollmux.runtime.state import RoleState
+from rollmux.runtime.weights import Publisher, load_packed
+from rollmux.runtime.workers import PoolWorker
+
+
+class Mixed(nn.Module):
+    """Tensors of several dtypes and shapes, as a real checkpoint has."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.linear = nn.Linear(7, 3)
+        self.low_precision = nn.Parameter(torch.randn(5, 2, generator=generator).to(torch.bfloat16))
+        self.register_buffer("steps", torch.arange(3, dtype=torch.int64) * seed)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.randn(3, 7, generator=generator))
+
+
+def same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_packed_weights_load_exactly_into_the_receivers_own_tensors():
+    source, target = Mixed(1), Mixed(2)
+    addresses = [t.data_ptr() for t in target.state_dict().values()]
+    assert load_packed(target, Publisher(source).publish(4), holds=3) == 4
+    assert same(source, target)
+    assert [t.data_ptr() for t in target.state_dict().values()] == addresses
+
+
+def test_stale_or_foreign_weights_are_refused():
+    publisher = Publisher(Mixed(1))
+    with pytest.raises(StaleWeights, match="version 2 offered to a role holding version 3"):
+        load_packed(Mixed(2), publisher.publish(2), holds=3)
+    with pytest.raises(ValueError, match="do not fit this model"):
+        load_packed(nn.Linear(7, 3), publisher.publish(5), holds=0)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    if ray.is_initialized():
+        ray.shutdown()
+    start_ray(rollout_nodes=1, train_nodes=1)
+    yield
+    ray.shutdown()
+
+
+def test_weights_cross_ray_as_a_raw_buffer(local_ray):
+    source, target = Mixed(1), Mixed(2)
+    received = ray.get(ray.put(Publisher(source).publish(1)))
+    assert not received.buffer.flags.writeable  # mapped from the object store, not unpickled into a copy
+    load_packed(target, received, holds=0)
+    assert same(source, target)
+
+
+class Rollout:
+    def __init__(self, mib: float):
+        self.model = nn.Linear(int(mib * 2**18), 1, bias=False)
+        self.state = RoleState(self.model, device="cpu")
+        self.version = 0
+
+    def load_weights(self, version, weights):
+        self.version = load_packed(self.model, weights, self.version)
+
+
+def test_delivered_weights_count_in_host_memory_and_stale_ones_are_refused():
+    worker = PoolWorker("rollout", host_limit_bytes=int(2.5 * 2**20))
+    worker.load("job", "rollout", 1, partial(Rollout, 1.0))
+    publisher = Publisher(nn.Linear(2**18, 1, bias=False))
+    worker.deliver("job", 1, (2, publisher.publish(2)))
+    assert worker.host_bytes() == 2 * 2**20  # the role's host copy and the weights waiting for its wake
+    with pytest.raises(StaleWeights, match="weights 1 arrived after version 2"):
+        worker.deliver("job", 1, (1, publisher.publish(1)))
+    worker.wake("job", "rollout", 1, token=1)
+    assert worker.roles[("job", "rollout")].version == 2 and worker.host_bytes() == 2**20
+
+
+def test_a_wake_over_the_node_limit_is_refused_once_optimizer_state_has_grown():
+    class Trainer:
+        def __init__(self):
+            self.model = nn.Linear(2**18, 1, bias=False)
+            self.optimizer = torch.optim.Adam(self.model.parameters())
+            self.state = RoleState(self.model, self.optimizer, device="cpu")
+
+        def step(self):
+            self.model(torch.ones(1, 2**18)).sum().backward()
+            self.optimizer.step()
+
+    worker = PoolWorker("train", host_limit_bytes=int(1.5 * 2**20))
+    worker.load("job", "train", 1, Trainer)  # 1 MiB of weights: fits
+    worker.wake("job", "train", 1, token=1)
+    worker.call("job", "train", 1, 1, "step")  # gradients and Adam's moments appear
+    worker.sleep("job", "train", 1, token=1)
+    with pytest.raises(ResidencyExceeded, match="would hold 4.0 MiB of host memory, over its 1.5 MiB"):
+        worker.wake("job", "train", 1, token=2)
