@@ -7,7 +7,8 @@ scores about 0.08 and a trained one close to 1. (With two digits the policy coll
 onto a leading ``0`` — the more frequent tens digit — long before it learns the units.)
 
 The job has two roles, each living on a RollMux worker with its tensors behind a
-:class:`RoleState` (sleep/wake): the rollout role samples ``group_size`` answers per
+:class:`RoleState`, parked and woken through the role adapter
+(:mod:`rollmux.runtime.adapter`): the rollout role samples ``group_size`` answers per
 prompt and scores them; the trainer role takes a GRPO step (group-relative advantages,
 clipped policy ratio) and publishes new weights with a version. A rollout refuses to
 start on weights older than its iteration needs: that is the on-policy guarantee.
@@ -26,16 +27,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rollmux.runtime.adapter import ParkedRole, StaleWeights, Weights
 from rollmux.runtime.program import JobContext
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState, read_checkpoint
 
 PLUS, EQUALS, BOS = 10, 11, 12
 VOCAB = 13
-
-
-class StaleWeights(RuntimeError):
-    """A rollout was asked to run on weights older than its iteration needs."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,7 @@ def answer_logprobs(policy: nn.Module, sequences: torch.Tensor, answer_len: int)
     return logp.gather(2, sequences[:, -answer_len:].unsqueeze(2)).squeeze(2), entropy
 
 
-class GRPORollout:
+class GRPORollout(ParkedRole):
     """Rollout role: samples answers with the latest synced weights and scores them."""
 
     def __init__(self, config: GRPOConfig, checkpoint: str | None = None):
@@ -142,13 +140,11 @@ class GRPORollout:
             saved = read_checkpoint(Path(checkpoint))
             self.policy.load_state_dict(saved["module"])
             self.version = saved["extra"]["version"]
-        self.state = RoleState(self.policy)
+        super().__init__(RoleState(self.policy))
 
-    def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, version: int, weights: Weights) -> None:
         """Take the trainer's weights of ``version``; the role must be awake."""
-        with torch.no_grad():
-            for name, tensor in self.policy.state_dict().items():
-                tensor.copy_(weights[name])
+        self.receive_weights(weights)
         self.version = version
 
     @torch.no_grad()
@@ -158,6 +154,7 @@ class GRPORollout:
             raise StaleWeights(
                 f"rollout of iteration {iteration} needs weights version {iteration}, holds {self.version}"
             )
+        self.require_weights()
         config = self.config
         device = self.state.device
         prompts, targets = task_batch(config, iteration)
@@ -180,7 +177,7 @@ class GRPORollout:
         }
 
 
-class GRPOTrainer:
+class GRPOTrainer(ParkedRole):
     """Trainer role: one GRPO update per iteration, then publishes versioned weights.
 
     Only groups whose rewards differ carry a policy gradient (the others' advantages are
@@ -197,14 +194,14 @@ class GRPOTrainer:
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.version = 0
         self.history: list[dict[str, float]] = []
-        self.state = RoleState(self.policy, self.optimizer)
+        super().__init__(RoleState(self.policy, self.optimizer))
         if checkpoint and Path(checkpoint).exists():
-            saved = self.state.restore(Path(checkpoint))
+            saved = self.load_checkpoint(checkpoint)
             self.version, self.history = saved["version"], list(saved["history"])
 
     def checkpoint(self, path: str) -> int:
         """Persist weights, optimizer state, version and every iteration's metrics."""
-        self.state.save(Path(path), {"version": self.version, "history": self.history})
+        self.save_checkpoint(path, {"version": self.version, "history": self.history})
         return self.version
 
     def train(self, batch: dict) -> dict:
@@ -249,7 +246,7 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
-    def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+    def weights(self) -> tuple[int, Weights]:
         """The current weights (on CPU, for any transport) and their version."""
         return self.version, {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
 
