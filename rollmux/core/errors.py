@@ -40,3 +40,7 @@ class NoCapacity(RollMuxError):
 class StaleWeights(RollMuxError):
     """Weights older than the ones a role holds, or than its next rollout needs, were offered
     to it: running on them would break the on-policy guarantee."""
+
+
+class WeightsDiscarded(RollMuxError):
+    """A role whose weights were discarded at sleep was asked to work before they were re-sent."""

@@ -7,7 +7,8 @@ scores about 0.08 and a trained one close to 1. (With two digits the policy coll
 onto a leading ``0`` — the more frequent tens digit — long before it learns the units.)
 
 The job has two roles, each living on a RollMux worker with its tensors behind a
-:class:`RoleState` (sleep/wake): the rollout role samples ``group_size`` answers per
+:class:`RoleState`, parked and woken through the role adapter
+(:mod:`rollmux.runtime.adapter`): the rollout role samples ``group_size`` answers per
 prompt and scores them; the trainer role takes a GRPO step (group-relative advantages,
 clipped policy ratio) and publishes new weights with a version. A rollout refuses to
 start on weights older than its iteration needs: that is the on-policy guarantee.
@@ -26,11 +27,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rollmux.core.errors import StaleWeights
+from rollmux.runtime.adapter import ParkedRole, StaleWeights, Weights
 from rollmux.runtime.program import JobContext
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState, read_checkpoint
-from rollmux.runtime.weights import PackedWeights, Publisher, load_packed
 
 PLUS, EQUALS, BOS = 10, 11, 12
 VOCAB = 13
@@ -127,7 +127,7 @@ def answer_logprobs(policy: nn.Module, sequences: torch.Tensor, answer_len: int)
     return logp.gather(2, sequences[:, -answer_len:].unsqueeze(2)).squeeze(2), entropy
 
 
-class GRPORollout:
+class GRPORollout(ParkedRole):
     """Rollout role: samples answers with the latest synced weights and scores them."""
 
     def __init__(self, config: GRPOConfig, checkpoint: str | None = None):
@@ -140,12 +140,12 @@ class GRPORollout:
             saved = read_checkpoint(Path(checkpoint))
             self.policy.load_state_dict(saved["module"])
             self.version = saved["extra"]["version"]
-        self.state = RoleState(self.policy)
+        super().__init__(RoleState(self.policy))
 
-    def load_weights(self, version: int, weights: PackedWeights) -> None:
+    def load_weights(self, version: int, weights: Weights) -> None:
         """Take the trainer's weights of ``version`` into the policy's own tensors; the role
         must be awake. Older weights than it holds are refused."""
-        self.version = load_packed(self.policy, weights, self.version)
+        self.version = self.receive_weights(weights, self.version)
 
     @torch.no_grad()
     def generate(self, iteration: int) -> dict:
@@ -154,6 +154,7 @@ class GRPORollout:
             raise StaleWeights(
                 f"rollout of iteration {iteration} needs weights version {iteration}, holds {self.version}"
             )
+        self.require_weights()
         config = self.config
         device = self.state.device
         prompts, targets = task_batch(config, iteration)
@@ -176,7 +177,7 @@ class GRPORollout:
         }
 
 
-class GRPOTrainer:
+class GRPOTrainer(ParkedRole):
     """Trainer role: one GRPO update per iteration, then publishes versioned weights.
 
     Only groups whose rewards differ carry a policy gradient (the others' advantages are
@@ -193,16 +194,14 @@ class GRPOTrainer:
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.version = 0
         self.history: list[dict[str, float]] = []
-        self.state = RoleState(self.policy, self.optimizer)
-        self.publisher = Publisher(self.policy)
-        self.state.also_holds(self.publisher.buffer)
+        super().__init__(RoleState(self.policy, self.optimizer))
         if checkpoint and Path(checkpoint).exists():
-            saved = self.state.restore(Path(checkpoint))
+            saved = self.load_checkpoint(checkpoint)
             self.version, self.history = saved["version"], list(saved["history"])
 
     def checkpoint(self, path: str) -> int:
         """Persist weights, optimizer state, version and every iteration's metrics."""
-        self.state.save(Path(path), {"version": self.version, "history": self.history})
+        self.save_checkpoint(path, {"version": self.version, "history": self.history})
         return self.version
 
     def train(self, batch: dict) -> dict:
@@ -247,9 +246,9 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
-    def weights(self) -> tuple[int, PackedWeights]:
+    def weights(self) -> tuple[int, Weights]:
         """The current weights and their version, packed for a sync without pickling."""
-        return self.version, self.publisher.publish(self.version)
+        return self.version, self.publish(self.version)
 
 
 @dataclass(frozen=True)

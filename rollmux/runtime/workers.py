@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
-from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch, StaleWeights
+from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch, StaleWeights, WeightsDiscarded
 from rollmux.core.roundrobin import ROLLOUT
 from rollmux.service.failpoints import failpoint
 
@@ -34,10 +34,6 @@ if TYPE_CHECKING:  # for annotations only
 
 class PhaseNotGranted(RollMuxError):
     """A role was called while asleep: its job does not hold this node now."""
-
-
-class WeightsMissing(RollMuxError):
-    """A role slept with ``discard`` was called before the trainer sent its weights again."""
 
 
 class Role(Protocol):
@@ -168,7 +164,7 @@ class PoolWorker:
             if not state.awake:
                 raise PhaseNotGranted(f"{job} called {method} on node {self.node_id} outside its phase")
             if state.needs_weights:
-                raise WeightsMissing(
+                raise WeightsDiscarded(
                     f"{job}'s {phase} role on node {self.node_id} was discarded and got no weights since"
                 )
             self._check_holder(job, phase, epoch, token)

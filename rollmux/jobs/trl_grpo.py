@@ -1,0 +1,338 @@
+"""TRL's GRPO as a RollMux job: a small Qwen2 causal LM, built offline, learns a sum's last digit.
+
+The model is a Qwen2 of a few layers with random weights, built from its config; the
+tokenizer is a character-level one built in code, so nothing is downloaded. A prompt is
+``d1+d2=``; the shipped reward (:func:`last_digit_reward`) gives 1 when the completion
+starts with the last digit of the sum, 0.1 for another digit, 0 otherwise.
+
+Both roles hold a ``trl.GRPOTrainer`` and use TRL's own pieces, through the role adapter
+(:mod:`rollmux.runtime.adapter`):
+
+- the rollout role (rollout worker, in ``phase("rollout")``) runs TRL's generation and
+  scoring on one iteration's prompts: sampling with ``num_generations`` completions per
+  prompt, the reward, TRL's group-relative advantages;
+- the training role (training worker, in ``phase("train")``) takes TRL's GRPO loss
+  (``GRPOTrainer.compute_loss``) on that batch and one step of the optimizer TRL's trainer
+  creates, then publishes its weights with a version; the rollout role refuses to generate
+  on weights older than its iteration.
+
+Sampling draws from torch's global generator (``generate`` takes no generator), so each
+rollout reseeds it from (seed, iteration) under a process-wide lock, which every global
+seeding in this module takes too (TRL's trainer seeds it when built). A job thus computes
+the same numbers alone or multiplexed with others on the same workers.
+
+A user's own TRL script becomes a job by subclassing :class:`TRLTask` (its model,
+tokenizer, prompts, rewards and TRL options) and :class:`TRLJob`; see ``docs/trl.md``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import trl
+from datasets import Dataset
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from rollmux.runtime.adapter import ParkedRole, StaleWeights, Weights
+from rollmux.runtime.program import JobContext
+from rollmux.runtime.session import Session, phase
+from rollmux.runtime.state import RoleState, default_device, read_checkpoint
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARACTERS = "0123456789+="
+
+_GLOBAL_RNG = threading.Lock()
+"""Held by whatever seeds or draws from torch's global generator in this process: a worker
+builds several jobs' roles concurrently (its actor is threaded)."""
+
+
+RewardFunc = Callable[..., list[float]]
+"""A TRL reward function: ``(prompts, completions, **dataset_columns) -> one float each``."""
+
+
+def last_digit_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """The shipped reward: 1 for the right last digit first, 0.1 for another digit, else 0."""
+    return [1.0 if c[:1] == a else 0.1 if c[:1].isdigit() else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+
+def digit_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over digits, ``+`` and ``=``, built in code."""
+    vocab = {token: index for index, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+
+
+@dataclass(frozen=True)
+class TRLTask:
+    """What a TRL GRPO script defines, as the job's arguments (``args:`` of its spec) and
+    methods each role calls on its worker: tokenizer, model, prompts, rewards, TRL options.
+
+    The shipped task: a small Qwen2 built from its config with random weights, a tokenizer
+    built in code, prompts ``d1+d2=`` and :func:`last_digit_reward`. A user's script
+    subclasses it (fields and methods); every method must be a pure function of the fields
+    and its arguments, so both roles, and every restart, build the same thing.
+    """
+
+    seed: int = 0
+    prompts_per_iteration: int = 8
+    num_generations: int = 4
+    max_completion_length: int = 3
+    learning_rate: float = 3e-3
+    entropy_coef: float = 0.01
+    """TRL's entropy bonus; it also keeps the reported loss off zero (a GRPO loss on its own
+    on-policy batch is zero up to rounding, whatever the weights)."""
+    threads: int = 1
+    hidden_size: int = 32
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return digit_tokenizer()
+
+    def model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+        """The initial policy; called with torch's global generator seeded from ``seed``."""
+        return Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=len(tokenizer),
+                hidden_size=self.hidden_size,
+                intermediate_size=2 * self.hidden_size,
+                num_hidden_layers=self.layers,
+                num_attention_heads=self.heads,
+                num_key_value_heads=self.kv_heads,
+                max_position_embeddings=32,
+                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        )
+
+    def prompts(self, iteration: int) -> list[dict[str, Any]]:
+        """One iteration's dataset rows (``prompt`` and the reward's columns), a pure
+        function of (seed, iteration)."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
+        digits = torch.randint(0, 10, (self.prompts_per_iteration, 2), generator=gen).tolist()
+        return [{"prompt": f"{a}+{b}=", "answer": str((a + b) % 10)} for a, b in digits]
+
+    def reward_funcs(self) -> list[RewardFunc]:
+        return [last_digit_reward]
+
+    def trl_options(self) -> dict[str, Any]:
+        """Further ``trl.GRPOConfig`` fields (loss_type, beta, temperature, ...)."""
+        return {"entropy_coef": self.entropy_coef}
+
+
+class RecordedRewards:
+    """The task's reward functions, keeping the last batch's values: TRL logs rewards into
+    its own metrics, and the job reports their sum (TRL's default weights) from here."""
+
+    def __init__(self, funcs: list[RewardFunc]):
+        self.funcs = funcs
+        self.values: list[list[float]] = [[] for _ in funcs]
+
+    def wrapped(self) -> list[RewardFunc]:
+        """One recording function per reward function, named as TRL will log it."""
+        return [self._recorder(index) for index in range(len(self.funcs))]
+
+    def totals(self) -> list[float]:
+        """Each completion's reward: the sum over the reward functions."""
+        return [sum(column) for column in zip(*self.values, strict=True)]
+
+    def _recorder(self, index: int) -> RewardFunc:
+        def record(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+            self.values[index] = self.funcs[index](prompts, completions, **columns)
+            return self.values[index]
+
+        record.__name__ = self.funcs[index].__name__
+        return record
+
+
+def initial_model(task: TRLTask, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """The task's model, a pure function of its seed."""
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(task.seed)
+        return task.model(tokenizer)
+
+
+def trl_trainer(task: TRLTask, model: PreTrainedModel, rewards: RecordedRewards) -> trl.GRPOTrainer:
+    """TRL's GRPO trainer for one role. Its ``train()`` loop is never run: it would generate
+    and update in one process, where RollMux runs each in its own phase on its own worker."""
+    args = trl.GRPOConfig(
+        output_dir=str(Path(tempfile.gettempdir()) / "rollmux-trl"),  # created by TRL, never written to
+        use_cpu=default_device().type == "cpu",
+        seed=task.seed,
+        per_device_train_batch_size=task.prompts_per_iteration * task.num_generations,
+        num_generations=task.num_generations,
+        max_completion_length=task.max_completion_length,
+        learning_rate=task.learning_rate,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        **task.trl_options(),
+    )
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # TRL seeds the global generator
+        return trl.GRPOTrainer(
+            model=model,
+            reward_funcs=rewards.wrapped(),
+            args=args,
+            train_dataset=Dataset.from_list(task.prompts(0)),
+            processing_class=task.tokenizer(),
+        )
+
+
+class TRLRollout(ParkedRole):
+    """Rollout role: TRL's generation and scoring on the latest synced weights."""
+
+    def __init__(self, task: TRLTask, checkpoint: str | None = None):
+        torch.set_num_threads(task.threads)
+        self.task = task
+        self.model = initial_model(task, task.tokenizer())
+        self.version = 0
+        if checkpoint and Path(checkpoint).exists():
+            saved = read_checkpoint(Path(checkpoint))
+            self.model.load_state_dict(saved["module"])
+            self.version = saved["extra"]["version"]
+        self.rewards = RecordedRewards(task.reward_funcs())
+        self.trainer = trl_trainer(task, self.model, self.rewards)
+        super().__init__(RoleState(self.model))
+
+    def load_weights(self, version: int, weights: Weights) -> None:
+        """Take the trainer's weights of ``version``; the role must be awake."""
+        self.version = self.receive_weights(weights, self.version)
+
+    def generate(self, iteration: int) -> dict[str, Any]:
+        """``num_generations`` completions per prompt, scored, with TRL's advantages."""
+        if self.version < iteration:
+            raise StaleWeights(
+                f"rollout of iteration {iteration} needs weights version {iteration}, holds {self.version}"
+            )
+        self.require_weights()
+        # Each prompt num_generations times in a row, as TRL's sampler repeats them.
+        rows = [row for row in self.task.prompts(iteration) for _ in range(self.task.num_generations)]
+        self.model.train()  # TRL samples num_generations per prompt in train mode
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.task.seed * 7_919 + iteration)
+            # TRL's own rollout step (generate, reward, group advantages): the one its train()
+            # loop takes per generation batch, called here without the rest of that loop.
+            batch = self.trainer._generate_and_score_completions(rows)
+        return {
+            "iteration": iteration,
+            "version": self.version,
+            "inputs": {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()},
+            "rewards": torch.tensor(self.rewards.totals()),
+        }
+
+
+class TRLTrainer(ParkedRole):
+    """Training role: TRL's GRPO loss and one optimizer step per iteration."""
+
+    def __init__(self, task: TRLTask, checkpoint: str | None = None):
+        torch.set_num_threads(task.threads)
+        self.task = task
+        self.model = initial_model(task, task.tokenizer())
+        self.trainer = trl_trainer(task, self.model, RecordedRewards(task.reward_funcs()))
+        # The trainer's loop sets this per accumulation window; RollMux's phases are that loop.
+        self.trainer.current_gradient_accumulation_steps = 1
+        self.optimizer = self.trainer.create_optimizer()
+        self.version = 0
+        self.history: list[dict[str, float]] = []
+        super().__init__(RoleState(self.model, self.optimizer))
+        if checkpoint and Path(checkpoint).exists():
+            saved = self.load_checkpoint(checkpoint)
+            self.version, self.history = saved["version"], list(saved["history"])
+
+    def train(self, batch: dict[str, Any]) -> dict[str, float]:
+        """One GRPO step on a rollout batch sampled with this role's weights."""
+        if batch["version"] != self.version:
+            raise StaleWeights(f"batch sampled with weights {batch['version']}, trainer is at {self.version}")
+        device = self.state.device
+        inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["inputs"].items()}
+        self.model.train()
+        loss = self.trainer.compute_loss(self.model, inputs)
+        self.trainer.accelerator.backward(loss)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        metrics = {
+            "iteration": batch["iteration"],
+            "loss": loss.item(),
+            "reward": batch["rewards"].mean().item(),
+            "version": self.version,
+        }
+        self.history.append(metrics)
+        return metrics
+
+    def weights(self) -> tuple[int, Weights]:
+        """The current weights and their version, packed for a sync without pickling."""
+        return self.version, self.publish(self.version)
+
+    def checkpoint(self, path: str) -> int:
+        """Persist weights, optimizer state, version and every iteration's metrics."""
+        self.save_checkpoint(path, {"version": self.version, "history": self.history})
+        return self.version
+
+
+@dataclass(frozen=True)
+class TRLJob:
+    """TRL's GRPO under RollMux: entrypoint ``rollmux.jobs.trl_grpo:TRLJob.from_context``.
+
+    A user's job subclasses it with its own :class:`TRLTask` in ``task_type``.
+    """
+
+    task: TRLTask
+    iterations: int
+    checkpoint: str | None = None
+    task_type: ClassVar[type[TRLTask]] = TRLTask
+
+    @classmethod
+    def from_context(cls, context: JobContext) -> TRLJob:
+        return cls(cls.task_type(**context.args), context.iterations, context.checkpoint)
+
+    def role_factory(self, phase_name: str) -> partial[ParkedRole]:
+        return partial(TRLRollout if phase_name == "rollout" else TRLTrainer, self.task, self.checkpoint)
+
+    def resume_from(self) -> int:
+        return len(self.completed())
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        history = self.completed()
+        for iteration in range(len(history), self.iterations):
+            with phase("rollout"):
+                batch = session.call("rollout", "generate", iteration)
+            with phase("train"):
+                result = session.call("train", "train", batch)
+                session.sync_weights(session.call("train", "weights"))
+                history.append(session.report(session.fetch(result), iteration))
+                if self.checkpoint:
+                    session.call("train", "checkpoint", self.checkpoint)
+        return history
+
+    def completed(self) -> list[dict[str, float]]:
+        """Metrics of the iterations a previous run of this job checkpointed."""
+        if not self.checkpoint or not Path(self.checkpoint).exists():
+            return []
+        return list(read_checkpoint(Path(self.checkpoint))["extra"]["history"])

@@ -1,0 +1,170 @@
+"""What an RL framework provides for RollMux to multiplex it: the role adapter.
+
+RollMux runs a job's rollout role on a rollout worker and its training role on a training
+worker, and switches between jobs at phase boundaries. For that, each role of a framework
+(TRL, veRL, OpenRLHF, the shipped GRPO job) must let RollMux:
+
+- **set it up parked**: the role factory builds the role (restoring its checkpoint if
+  there is one) and the worker parks it with ``sleep("offload")`` before any phase, so a
+  cold start happens once, never at a switch;
+- **sleep** it between its phases, either ``offload`` (every tensor copied to host memory,
+  the warm path) or ``discard`` (a rollout engine's weights dropped: no host copy, the
+  trainer re-sends them at the next wake, as vLLM's sleep level 2 does);
+- **wake** it for its phase by tags, ``weights`` and ``kv_cache``, so an engine can take
+  new weights before it allocates its cache (vLLM's ``wake_up(tags)``);
+- **run one phase**: a rollout for an iteration, or a training step on its batch;
+- **sync weights**: the trainer publishes ``(version, packed weights)`` — one flat buffer
+  Ray ships without pickling (:mod:`rollmux.runtime.weights`) — the rollout role copies
+  them into its own tensors and refuses to generate on weights older than its iteration
+  (on-policy);
+- **save and load a checkpoint**, so a restarted job loses no completed step;
+- report its **footprint**, host and device bytes, which the residency check counts.
+
+The worker moves a role through its :class:`~rollmux.runtime.state.RoleState`
+(``role.state.sleep()``/``wake()``/``host_bytes()``), which is what ``sleep("offload")``,
+``wake(WAKE_ALL)`` and ``footprint().host_bytes`` of :class:`ParkedRole` do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from rollmux.core.errors import StaleWeights, WeightsDiscarded
+from rollmux.runtime.state import RoleState, SleepMode
+from rollmux.runtime.weights import PackedWeights, Publisher, load_packed
+
+__all__ = ["StaleWeights", "WeightsDiscarded"]
+
+SleepModeName = Literal["offload", "discard"]
+WakeTag = Literal["weights", "kv_cache"]
+WAKE_ALL: frozenset[WakeTag] = frozenset({"weights", "kv_cache"})
+Weights = PackedWeights
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes one role occupies: in host memory while it sleeps (what the node's residency
+    limit counts) and on the device while it is awake (what its phase needs free)."""
+
+    host_bytes: int
+    device_bytes: int
+
+
+@runtime_checkable
+class RoleAdapter(Protocol):
+    """One role of a framework's job as it lives on a RollMux worker."""
+
+    state: RoleState
+    """The role's tensors as the worker moves them today."""
+
+    def sleep(self, mode: SleepModeName = "offload") -> float:
+        """Free the device; returns the seconds it took."""
+        ...
+
+    def wake(self, tags: Collection[WakeTag] = WAKE_ALL) -> float:
+        """Bring back what ``tags`` name; returns the seconds it took."""
+        ...
+
+    def footprint(self) -> Footprint: ...
+
+
+@runtime_checkable
+class RolloutAdapter(RoleAdapter, Protocol):
+    """A rollout role: generates on the latest weights it was sent."""
+
+    version: int
+
+    def load_weights(self, version: int, weights: Weights) -> None:
+        """The receiving end of weight sync; the worker applies it at the role's wake."""
+        ...
+
+    def generate(self, iteration: int) -> dict[str, Any]:
+        """One rollout phase; raises :class:`StaleWeights` on weights older than ``iteration``."""
+        ...
+
+
+@runtime_checkable
+class TrainerAdapter(RoleAdapter, Protocol):
+    """A training role: updates on a rollout's batch and publishes versioned weights."""
+
+    version: int
+
+    def train(self, batch: dict[str, Any]) -> dict[str, float]:
+        """One training phase; returns the metrics the job reports for the iteration."""
+        ...
+
+    def weights(self) -> tuple[int, Weights]:
+        """The sending end of weight sync: the version and the tensors, on the host."""
+        ...
+
+    def checkpoint(self, path: str) -> int:
+        """Save weights, optimizer state and history atomically; returns the version saved."""
+        ...
+
+
+class ParkedRole:
+    """The sleep/wake/footprint/weight sync of the adapter for a role whose tensors sit
+    behind a :class:`RoleState`; a framework's role subclasses it and passes its state up.
+
+    Discarding drops every device tensor without a host copy (the state keeps their
+    shapes), so re-sent weights land in fresh buffers. Only a role without an optimizer
+    may discard: a trainer's weights are the only copy.
+    """
+
+    def __init__(self, state: RoleState):
+        self.state = state
+        self._device_bytes = state.host_bytes()
+        self._publisher: Publisher | None = None
+
+    def sleep(self, mode: SleepModeName = "offload") -> float:
+        if mode not in ("offload", "discard"):
+            raise ValueError(f"unknown sleep mode {mode!r}; modes are 'offload' and 'discard'")
+        if mode == "discard" and self.state.optimizer is not None:
+            raise ValueError("a trainer's weights are the only copy: it sleeps with mode 'offload'")
+        if self.state.awake:
+            self._device_bytes = self.state.host_bytes()
+        return self.state.sleep(SleepMode(mode))
+
+    def wake(self, tags: Collection[WakeTag] = WAKE_ALL) -> float:
+        """``weights`` puts the tensors back on the device (discarded ones uninitialised until
+        :meth:`receive_weights`); ``kv_cache`` is a no-op for torch roles, whose generation
+        allocates its cache per call."""
+        unknown = set(tags) - WAKE_ALL
+        if unknown:
+            raise ValueError(f"unknown wake tags {sorted(unknown)}; tags are {sorted(WAKE_ALL)}")
+        return self.state.wake() if "weights" in tags else 0.0
+
+    def footprint(self) -> Footprint:
+        """Host bytes as the residency check counts them (0 for discarded weights); device
+        bytes as of the role's last time awake."""
+        awake_bytes = self.state.host_bytes() if self.state.awake else self._device_bytes
+        return Footprint(host_bytes=self.state.host_bytes(), device_bytes=awake_bytes)
+
+    def publish(self, version: int) -> PackedWeights:
+        """The sending end of weight sync: the module's weights packed into a buffer made at
+        the first publication, reused after, and counted in the role's host memory."""
+        if self._publisher is None:
+            self._publisher = Publisher(self.state.module)
+            self.state.also_holds(self._publisher.buffer)
+        return self._publisher.publish(version)
+
+    def receive_weights(self, weights: PackedWeights, holds: int) -> int:
+        """The receiving end: copy synced weights into the (awake) role's own tensors,
+        refilling discarded ones; refuses weights older than ``holds``. Returns their version."""
+        version = load_packed(self.state.module, weights, holds)
+        self.state.weights_loaded()
+        return version
+
+    def require_weights(self) -> None:
+        """Refuse to work on discarded weights that were never re-sent."""
+        if self.state.needs_weights:
+            raise WeightsDiscarded("the role's weights were discarded at sleep and not re-sent since")
+
+    def save_checkpoint(self, path: str | Path, extra: dict[str, Any]) -> None:
+        self.state.save(Path(path), extra)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        return self.state.restore(Path(path))
