@@ -17,6 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import ray
+
 from rollmux.runtime.program import JobContext
 from rollmux.runtime.session import Session, phase
 
@@ -85,11 +87,11 @@ class EmulatedJob:
         for iteration in range(self.resume_from(), self.iterations):
             with phase("rollout"):
                 seconds = self.config.phase_s("rollout", session.colocated)
-                session.call("rollout", "work", self._left(session, seconds))
+                session.call_all("rollout", "work", self._left(session, seconds), collective=False)
             with phase("train"):
                 history.append(session.report({"iteration": float(iteration)}, iteration))
                 seconds = self.config.phase_s("train", session.colocated)
-                session.fetch(session.call("train", "work", self._left(session, seconds)))
+                ray.get(session.call_all("train", "work", self._left(session, seconds), collective=False))
             self._checkpoint(iteration + 1)  # once its release is recorded: a crash repeats a step, never skips it
         return history
 

@@ -44,6 +44,9 @@ class Session:
         self._granted = 0.0
         self._started = 0.0
         self._wake_s = 0.0
+        self._groups: dict[str, tuple[int, ...]] = {}
+        """The nodes each wide phase's process group was built on."""
+        self._generation = 0
 
     @property
     def colocated(self) -> bool:
@@ -108,6 +111,33 @@ class Session:
         ref = self._granted_workers()[0].call.remote(self.job, phase, self.epoch, self.grant.token, method, *args)
         ray.wait([ref], fetch_local=False)
         return ref
+
+    def call_all(self, phase: str, method: str, *args: Any, collective: bool = True) -> list[ray.ObjectRef]:
+        """Run ``method`` of the job's role on every node of the phase at once, one rank per
+        node, and wait for all; returns their results' references in rank order. A phase
+        wider than one node gets its process group first (again after the job moved),
+        unless its ranks never talk to each other (``collective=False``)."""
+        if self.grant is None or self.grant.phase != phase:
+            raise RuntimeError(f"{self.job}: {phase} role called outside its phase")
+        grant = self.grant
+        workers = self._granted_workers()
+        if collective and len(workers) > 1 and self._groups.get(phase) != grant.nodes:
+            self._build_group(phase, grant.nodes, workers)
+        refs = [w.call.remote(self.job, phase, self.epoch, grant.token, method, *args) for w in workers]
+        ray.wait(refs, num_returns=len(refs), fetch_local=False)
+        return refs
+
+    def _build_group(self, phase: str, nodes: tuple[int, ...], workers: list[Any]) -> None:
+        self._generation += 1
+        name = f"{self.job}/{phase}/{self.epoch}/{self._generation}"
+        address = ray.get(workers[0].open_group.remote(self.job, phase, self.epoch))
+        ray.get(
+            [
+                w.join_group.remote(self.job, phase, self.epoch, rank, len(workers), address, name)
+                for rank, w in enumerate(workers)
+            ]
+        )
+        self._groups[phase] = nodes
 
     def fetch(self, ref: ray.ObjectRef) -> Any:
         """The value behind a reference returned by :meth:`call`."""

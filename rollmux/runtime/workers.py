@@ -59,6 +59,10 @@ class PoolWorker:
         self.roles: dict[RoleKey, Role] = {}
         self.epochs: dict[str, int] = {}
         self.pending_weights: dict[str, tuple[int, dict]] = {}
+        self.ranks: dict[RoleKey, Any] = {}
+        """Wide roles' places in their process groups (see :mod:`rollmux.runtime.ranks`)."""
+        self.stores: dict[RoleKey, Any] = {}
+        """Rendezvous stores this worker serves as rank 0 of a wide role."""
         self.fence = 0
         self.awake: RoleKey | None = None
         self.running = threading.Lock()
@@ -74,6 +78,8 @@ class PoolWorker:
         with self.running, self.accounting:
             self.roles.clear()
             self.pending_weights.clear()
+            self.ranks.clear()
+            self.stores.clear()
             self.awake = None
             self.node_id = None
 
@@ -101,6 +107,8 @@ class PoolWorker:
         with self.accounting:
             for key in [k for k in self.roles if k[0] == job]:
                 del self.roles[key]
+                self.ranks.pop(key, None)
+                self.stores.pop(key, None)
             self.pending_weights.pop(job, None)
             if self.awake is not None and self.awake[0] == job:
                 self.awake = None
@@ -168,7 +176,33 @@ class PoolWorker:
                     f"{job}'s {phase} role on node {self.node_id} was discarded and got no weights since"
                 )
             self._check_holder(job, phase, epoch, token)
-            return getattr(self.roles[(job, phase)], method)(*args)
+            from rollmux.runtime.ranks import ALONE, serving
+
+            with serving(self.ranks.get((job, phase), ALONE)):
+                return getattr(self.roles[(job, phase)], method)(*args)
+
+    def open_group(self, job: str, phase: str, epoch: int) -> tuple[str, int]:
+        """As rank 0 of the job's wide ``phase`` role: serve the rendezvous of its group."""
+        self._check_epoch(job, epoch, exact=True)
+        self._role((job, phase))
+        from rollmux.runtime.ranks import open_store
+
+        store, host, port = open_store()
+        self.stores[(job, phase)] = store
+        return host, port
+
+    def join_group(
+        self, job: str, phase: str, epoch: int, rank: int, world: int, address: tuple[str, int], name: str
+    ) -> int:
+        """Make this node's role rank ``rank`` of the ``world`` ranks of the job's ``phase``
+        (group ``name``, new at every rebuild); blocks until all have joined."""
+        self._check_epoch(job, epoch, exact=True)
+        self._role((job, phase))
+        from rollmux.runtime.ranks import join
+
+        store = self.stores.get((job, phase)) if rank == 0 else None
+        self.ranks[(job, phase)] = join(store, *address, rank, world, name)
+        return rank
 
     def export(self, job: str, phase: str, epoch: int) -> tuple[Role, tuple[int, dict] | None]:
         """The job's sleeping role and its undelivered weights, for the worker of its new
