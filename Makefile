@@ -34,7 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/optimality_gap.py --quick 4
 	$(BIN)/python bench/intra_group_order.py
 	$(BIN)/python bench/multiplex.py
-	$(BIN)/python bench/context_switch.py
+	$(BIN)/python bench/context_switch.py --mib 512
+	$(BIN)/python bench/weight_sync.py --gib 1
 	$(BIN)/python bench/learning.py --iterations 100
 	$(BIN)/python bench/service.py
 	$(BIN)/python bench/grants.py --jobs 1000 --seconds 30
