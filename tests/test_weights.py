@@ -10,7 +10,8 @@ import ray
 import torch
 from torch import nn
 
-from rollmux.core.errors import ResidencyExceeded, StaleWeights
+from rollmux.core.errors import ResidencyExceeded, StaleWeights, WeightsDiscarded
+from rollmux.runtime.adapter import ParkedRole
 from rollmux.runtime.launch import start_ray
 from rollmux.runtime.state import RoleState
 from rollmux.runtime.weights import Publisher, load_packed
@@ -107,3 +108,40 @@ def test_a_wake_over_the_node_limit_is_refused_once_optimizer_state_has_grown():
     worker.sleep("job", "train", 1, token=1)
     with pytest.raises(ResidencyExceeded, match="would hold 4.0 MiB of host memory, over its 1.5 MiB"):
         worker.wake("job", "train", 1, token=2)
+
+
+class DiscardingRollout(ParkedRole):
+    """A rollout role that keeps no host copy between phases: the trainer re-sends its weights."""
+
+    park_mode = "discard"
+
+    def __init__(self, mib: float):
+        self.model = nn.Linear(int(mib * 2**18), 1, bias=False)
+        self.version = 0
+        super().__init__(RoleState(self.model, device="cpu"))
+
+    def load_weights(self, version, weights):
+        self.version = self.receive_weights(weights, self.version)
+
+    def first(self) -> float:
+        self.require_weights()
+        return self.model.weight[0, 0].item()
+
+
+def test_a_discarding_role_is_parked_without_host_copy_and_runs_only_once_its_weights_are_back():
+    worker = PoolWorker("rollout", host_limit_bytes=8 * 2**20)
+    worker.load("job", "rollout", 1, partial(DiscardingRollout, 1.0))
+    assert worker.host_bytes() == 2**20  # loaded with a host copy: the initial weights are the only ones
+    worker.wake("job", "rollout", 1, token=1)
+    worker.sleep("job", "rollout", 1, token=1)
+    assert worker.host_bytes() == 0  # parked in its own mode: nothing kept
+    worker.wake("job", "rollout", 1, token=2)
+    with pytest.raises(WeightsDiscarded):
+        worker.call("job", "rollout", 1, 2, "first")
+    worker.sleep("job", "rollout", 1, token=2)
+    trained = nn.Linear(2**18, 1, bias=False)
+    with torch.no_grad():
+        trained.weight.fill_(0.5)
+    worker.deliver("job", 1, (1, Publisher(trained).publish(1)))
+    worker.wake("job", "rollout", 1, token=3)
+    assert worker.call("job", "rollout", 1, 3, "first") == 0.5

@@ -114,6 +114,10 @@ class ParkedRole:
     may discard: a trainer's weights are the only copy.
     """
 
+    park_mode: SleepModeName = "offload"
+    """How the worker parks the role between its phases; a rollout role whose weights the
+    trainer re-sends after every update may say ``discard`` and keep no host copy."""
+
     def __init__(self, state: RoleState):
         self.state = state
         self._device_bytes = state.host_bytes()

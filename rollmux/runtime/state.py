@@ -146,9 +146,10 @@ class RoleState:
         return buffer.pin_memory() if self.pinned else buffer
 
     @torch.no_grad()
-    def sleep(self, mode: SleepMode = SleepMode.OFFLOAD) -> float:
+    def sleep(self, mode: SleepMode | str = SleepMode.OFFLOAD) -> float:
         """Move every tensor off the device (``offload``: into host buffers; ``discard``:
         nowhere) and free the device memory; returns the seconds it took."""
+        mode = SleepMode(mode)
         start = time.perf_counter()
         if not self.awake:
             return 0.0

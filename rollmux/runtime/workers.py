@@ -37,7 +37,11 @@ class PhaseNotGranted(RollMuxError):
 
 
 class Role(Protocol):
-    """What job code puts on a worker: an object whose tensors sit behind a RoleState."""
+    """What job code puts on a worker: an object whose tensors sit behind a RoleState.
+
+    A role that implements the adapter (:mod:`rollmux.runtime.adapter`: ``sleep(mode)``,
+    ``wake(tags)``, ``footprint()``) is switched through it, and sleeps between its phases
+    in its ``park_mode`` (``offload`` unless it says ``discard``)."""
 
     state: RoleState
 
@@ -98,9 +102,9 @@ class PoolWorker:
         self._check_epoch(job, epoch)
         start = time.perf_counter()
         role = factory()
-        role.state.sleep()
+        _sleep(role, "offload")  # a discarded role would have no weights to start from
         self._seat(job, phase, epoch, role, None)
-        return {"cold_s": time.perf_counter() - start, "host_bytes": float(role.state.host_bytes())}
+        return {"cold_s": time.perf_counter() - start, "host_bytes": float(_host_bytes(role))}
 
     def unload(self, job: str) -> None:
         """Drop every role of the job from this node."""
@@ -124,10 +128,10 @@ class PoolWorker:
             seconds = 0.0
             key = (job, phase)
             if self.awake is not None and self.awake != key and self.awake in self.roles:
-                seconds += self.roles[self.awake].state.sleep()
+                seconds += _sleep(self.roles[self.awake])
             role = self._role(key)
             self._check_residency(f"waking {job}'s {phase} role")
-            seconds += role.state.wake()
+            seconds += _wake(role)
             self.awake = key
             if phase == ROLLOUT and job in self.pending_weights:
                 version, weights = self.pending_weights.pop(job)
@@ -141,7 +145,7 @@ class PoolWorker:
         with self.running:
             self._check_holder(job, phase, epoch, token)
             self.awake = None
-            return self._role((job, phase)).state.sleep()
+            return _sleep(self._role((job, phase)))
 
     def deliver(self, job: str, epoch: int, published: tuple[int, dict]) -> int:
         """Receive a job's new weights (version, tensors) for its rollout role; they are
@@ -229,13 +233,13 @@ class PoolWorker:
             return 0
         role, pending = exported
         self._seat(job, phase, epoch, role, pending)
-        return role.state.host_bytes()
+        return _host_bytes(role)
 
     def host_bytes(self) -> int:
         """Every byte the node's jobs keep in its host memory: each role's host copy (the
         optimizer's state included once it exists) and weights delivered but not applied yet."""
         roles, pending = list(self.roles.values()), list(self.pending_weights.values())
-        return sum(role.state.host_bytes() for role in roles) + sum(payload_bytes(w) for _, w in pending)
+        return sum(_host_bytes(role) for role in roles) + sum(payload_bytes(w) for _, w in pending)
 
     def _check_residency(self, doing: str) -> None:
         used = self.host_bytes()
@@ -247,13 +251,13 @@ class PoolWorker:
 
     def _seat(self, job: str, phase: str, epoch: int, role: Role, pending: tuple[int, dict] | None) -> None:
         """Keep a sleeping role here if the node's host memory has room for it."""
-        needed = role.state.host_bytes()
+        needed = _host_bytes(role)
         with self.accounting:
             self._check_epoch(job, epoch)
             if self.epochs.get(job, epoch) != epoch:  # a newer session: the older one's roles go
                 for key in [k for k in self.roles if k[0] == job]:
                     del self.roles[key]
-            used = sum(r.state.host_bytes() for k, r in self.roles.items() if k != (job, phase)) + sum(
+            used = sum(_host_bytes(r) for k, r in self.roles.items() if k != (job, phase)) + sum(
                 payload_bytes(weights) for j, (_, weights) in self.pending_weights.items() if j != job
             )
             if used + needed > self.host_limit_bytes:
@@ -292,3 +296,22 @@ def payload_bytes(weights: Any) -> int:
     if isinstance(weights, dict):
         return sum(t.numel() * t.element_size() for t in weights.values() if hasattr(t, "element_size"))
     return int(getattr(weights, "nbytes", 0))
+
+
+def _is_adapter(role: Any) -> bool:
+    return all(callable(getattr(role, name, None)) for name in ("sleep", "wake", "footprint"))
+
+
+def _sleep(role: Any, mode: str | None = None) -> float:
+    """Park a role between its phases: by its adapter in its ``park_mode``, else its state."""
+    mode = mode or getattr(role, "park_mode", "offload")
+    return role.sleep(mode) if _is_adapter(role) else role.state.sleep(mode)
+
+
+def _wake(role: Any) -> float:
+    return role.wake(("weights", "kv_cache")) if _is_adapter(role) else role.state.wake()
+
+
+def _host_bytes(role: Any) -> int:
+    """What the role holds in host memory, by its adapter's footprint where it has one."""
+    return role.footprint().host_bytes if _is_adapter(role) else role.state.host_bytes()
