@@ -1,6 +1,7 @@
-"""Multi-rank roles: a training phase two nodes wide runs one rank on each node, joined by a
-gloo process group, and data-parallel training over the two ranks computes what one rank
-computes on the whole batch."""
+"""Multi-rank roles: a phase two nodes wide runs one rank on each node, joined by a gloo
+process group, and data-parallel training over the two ranks computes what one rank
+computes on the whole batch — for a plain model and for the shipped GRPO job, whose wide
+rollout samples a share of the prompts on each rank."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from rollmux.inputs.runfile import RunFile
+from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, merge
 from rollmux.runtime import ranks
 from rollmux.runtime.launch import run_plan, start_ray
 from rollmux.runtime.program import JobContext
@@ -107,7 +109,7 @@ def alone() -> list[dict]:
 def local_ray():
     if ray.is_initialized():
         ray.shutdown()
-    start_ray(rollout_nodes=1, train_nodes=2)
+    start_ray(rollout_nodes=2, train_nodes=2)
     yield
     ray.shutdown()
 
@@ -131,3 +133,34 @@ def test_a_two_node_training_phase_runs_a_rank_on_each_node_and_matches_one_rank
         for rank in (0, 1):
             assert step[f"loss_{rank}"] == pytest.approx(expected["loss"], rel=1e-5)
             assert [step[f"{w}_{rank}"] for w in weights] == pytest.approx([expected[w] for w in weights], abs=1e-6)
+
+
+GRPO_SMALL = GRPOConfig(seed=3, prompts_per_iteration=32, train_groups=16)
+GRPO_ITERATIONS = 3
+
+
+def grpo_in_one_process() -> list[dict]:
+    """The two rollout ranks sampled one after the other here, and one trainer on the whole batch."""
+    rollout, trainer = GRPORollout(GRPO_SMALL), GRPOTrainer(GRPO_SMALL)
+    history = []
+    for iteration in range(GRPO_ITERATIONS):
+        parts = []
+        for rank in (0, 1):
+            with ranks.serving(ranks.Ranks(rank, 2)):
+                parts.append(rollout.generate(iteration))
+        history.append(trainer.train(merge(parts)))
+        rollout.load_weights(*trainer.weights())
+    return history
+
+
+def test_the_shipped_job_uses_every_node_of_its_wide_phases(local_ray, tmp_path: Path):
+    fields = {key: getattr(GRPO_SMALL, key) for key in ("seed", "prompts_per_iteration", "train_groups")}
+    spec = {"name": "wide-grpo", "iterations": GRPO_ITERATIONS, "rollout_width": 2, "train_width": 2, "grpo": fields}
+    plan = RunFile.model_validate({"cluster": {"regroup": False, "slo_guard": False}, "jobs": [spec]})
+    result = run_plan(plan, tmp_path / f"run-{time.monotonic_ns()}", tick_s=0.2)
+    assert not result.errors, result.errors
+    live = result.histories["wide-grpo"]
+    assert [len(e["nodes"]) for e in result.phase_log if e["outcome"] == "released"] == [2] * 2 * GRPO_ITERATIONS
+    for got, expected in zip(live, grpo_in_one_process(), strict=True):
+        assert got["reward"] == expected["reward"]
+        assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import ray
 import torch
 from torch import nn
 
+from rollmux.runtime import ranks
 from rollmux.runtime.adapter import ParkedRole, StaleWeights, Weights
 from rollmux.runtime.program import JobContext
 from rollmux.runtime.session import Session, phase
@@ -158,9 +160,10 @@ class GRPORollout(ParkedRole):
         config = self.config
         device = self.state.device
         prompts, targets = task_batch(config, iteration)
-        sequences = prompts.repeat_interleave(config.group_size, dim=0).to(device)
-        targets = targets.repeat_interleave(config.group_size, dim=0).to(device)
-        gen = torch.Generator(device=device).manual_seed(config.seed * 7_919 + iteration)
+        mine = ranks.current().shard(len(prompts))  # a wide rollout: each rank samples its prompts
+        sequences = prompts[mine].repeat_interleave(config.group_size, dim=0).to(device)
+        targets = targets[mine].repeat_interleave(config.group_size, dim=0).to(device)
+        gen = torch.Generator(device=device).manual_seed(config.seed * 7_919 + iteration + 1_000_003 * mine.start)
         logprobs = []
         for _ in range(config.answer_len):
             step = torch.log_softmax(self.policy(sequences)[:, -1, :], dim=-1)
@@ -175,6 +178,16 @@ class GRPORollout(ParkedRole):
             "old_logprobs": torch.cat(logprobs, dim=1).cpu(),
             "rewards": rewards.cpu(),
         }
+
+
+def merge(parts: list[dict]) -> dict:
+    """The batch of a wide rollout: its ranks' samples in rank order."""
+    if len({(p["iteration"], p["version"]) for p in parts}) != 1:
+        raise StaleWeights(f"the ranks of one rollout sampled different iterations or weights: {parts[0]['version']}")
+    return {
+        **parts[0],
+        **{key: torch.cat([p[key] for p in parts]) for key in ("sequences", "old_logprobs", "rewards")},
+    }
 
 
 class GRPOTrainer(ParkedRole):
@@ -217,8 +230,11 @@ class GRPOTrainer(ParkedRole):
         rows = (chosen.unsqueeze(1) * size + torch.arange(size)).view(-1)
         groups = groups[chosen].to(device)
         advantages = (groups - groups.mean(dim=1, keepdim=True)) / (groups.std(dim=1, keepdim=True) + 1e-4)
+        place = ranks.current()  # a wide training phase: data parallel over the chosen groups
+        mine = place.shard(len(chosen))
+        rows = rows[mine.start * size : mine.stop * size]
         sequences, old = batch["sequences"][rows].to(device), batch["old_logprobs"][rows].to(device)
-        gain = advantages.view(-1, 1)
+        gain = advantages[mine].reshape(-1, 1)
         self.policy.train()
         loss_value = 0.0
         for _ in range(self.config.epochs):
@@ -229,12 +245,16 @@ class GRPOTrainer(ParkedRole):
                 1, informative * size * self.config.answer_len
             )
             # The entropy bonus keeps the policy from collapsing onto one answer per prompt,
-            # after which no group has differing rewards and learning stops.
-            loss = -surrogate - self.config.entropy_coef * entropy.mean()
+            # after which no group has differing rewards and learning stops. Over several
+            # ranks each takes its share of the mean, so the ranks' losses sum to it.
+            bonus = entropy.mean() if place.world == 1 else entropy.sum() / (len(chosen) * size * entropy.shape[1])
+            loss = -surrogate - self.config.entropy_coef * bonus
             loss.backward()
+            for parameter in self.policy.parameters():
+                place.all_reduce(parameter.grad)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            loss_value = loss.item()
+            loss_value = place.all_reduce(loss.detach().clone()).item()
         self.version += 1
         metrics = {
             "iteration": batch["iteration"],
@@ -280,9 +300,10 @@ class GRPOJob:
         history = self.completed()
         for iteration in range(len(history), self.iterations):
             with phase("rollout"):
-                batch = session.call("rollout", "generate", iteration)
+                parts = session.call_all("rollout", "generate", iteration)
+                batch = parts[0] if len(parts) == 1 else merge(ray.get(parts))
             with phase("train"):
-                result = session.call("train", "train", batch)
+                result = session.call_all("train", "train", batch)[0]  # every rank returns the same
                 session.sync_weights(session.call("train", "weights"))
                 # Reported before the checkpoint: a crash in between redoes the iteration
                 # and reports the same metrics again, so no iteration goes unreported.
