@@ -23,15 +23,14 @@ import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
-import ray
 import torch
 from torch import nn
 
 from rollmux.runtime import ranks
-from rollmux.runtime.adapter import ParkedRole, StaleWeights, Weights
+from rollmux.runtime.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
 from rollmux.runtime.program import JobContext
-from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState, read_checkpoint
 
 PLUS, EQUALS, BOS = 10, 11, 12
@@ -272,7 +271,7 @@ class GRPOTrainer(ParkedRole):
 
 
 @dataclass(frozen=True)
-class GRPOJob:
+class GRPOJob(OnPolicyLoop):
     """The shipped RL job: its roles for the workers and its driver loop.
 
     It uses only the phase API (``phase``, ``Session.call``/``sync_weights``/``report``)
@@ -283,6 +282,7 @@ class GRPOJob:
     iterations: int
     checkpoint: str | None = None
     """Trainer checkpoint file, rewritten after every iteration; a job that finds one resumes."""
+    wide: ClassVar[bool] = True
 
     @classmethod
     def from_context(cls, context: JobContext) -> GRPOJob:
@@ -293,27 +293,5 @@ class GRPOJob:
     def role_factory(self, phase_name: str):
         return partial(GRPORollout if phase_name == "rollout" else GRPOTrainer, self.config, self.checkpoint)
 
-    def resume_from(self) -> int:
-        return len(self.completed())
-
-    def run(self, session: Session) -> list[dict[str, float]]:
-        history = self.completed()
-        for iteration in range(len(history), self.iterations):
-            with phase("rollout"):
-                parts = session.call_all("rollout", "generate", iteration)
-                batch = parts[0] if len(parts) == 1 else merge(ray.get(parts))
-            with phase("train"):
-                result = session.call_all("train", "train", batch)[0]  # every rank returns the same
-                session.sync_weights(session.call("train", "weights"))
-                # Reported before the checkpoint: a crash in between redoes the iteration
-                # and reports the same metrics again, so no iteration goes unreported.
-                history.append(session.report(session.fetch(result), iteration))
-                if self.checkpoint:
-                    session.call("train", "checkpoint", self.checkpoint)
-        return history
-
-    def completed(self) -> list[dict[str, float]]:
-        """Metrics of the iterations a previous run of this job checkpointed."""
-        if not self.checkpoint or not Path(self.checkpoint).exists():
-            return []
-        return list(read_checkpoint(Path(self.checkpoint))["extra"]["history"])
+    def merge(self, parts: list[dict]) -> dict:
+        return merge(parts)

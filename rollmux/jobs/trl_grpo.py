@@ -47,9 +47,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from rollmux.runtime.adapter import ParkedRole, StaleWeights, Weights
+from rollmux.runtime.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
 from rollmux.runtime.program import JobContext
-from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState, default_device, read_checkpoint
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -297,7 +296,7 @@ class TRLTrainer(ParkedRole):
 
 
 @dataclass(frozen=True)
-class TRLJob:
+class TRLJob(OnPolicyLoop):
     """TRL's GRPO under RollMux: entrypoint ``rollmux.jobs.trl_grpo:TRLJob.from_context``.
 
     A user's job subclasses it with its own :class:`TRLTask` in ``task_type``.
@@ -314,25 +313,3 @@ class TRLJob:
 
     def role_factory(self, phase_name: str) -> partial[ParkedRole]:
         return partial(TRLRollout if phase_name == "rollout" else TRLTrainer, self.task, self.checkpoint)
-
-    def resume_from(self) -> int:
-        return len(self.completed())
-
-    def run(self, session: Session) -> list[dict[str, float]]:
-        history = self.completed()
-        for iteration in range(len(history), self.iterations):
-            with phase("rollout"):
-                batch = session.call("rollout", "generate", iteration)
-            with phase("train"):
-                result = session.call("train", "train", batch)
-                session.sync_weights(session.call("train", "weights"))
-                history.append(session.report(session.fetch(result), iteration))
-                if self.checkpoint:
-                    session.call("train", "checkpoint", self.checkpoint)
-        return history
-
-    def completed(self) -> list[dict[str, float]]:
-        """Metrics of the iterations a previous run of this job checkpointed."""
-        if not self.checkpoint or not Path(self.checkpoint).exists():
-            return []
-        return list(read_checkpoint(Path(self.checkpoint))["extra"]["history"])

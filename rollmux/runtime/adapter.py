@@ -30,11 +30,17 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import ray
 
 from rollmux.core.errors import StaleWeights, WeightsDiscarded
-from rollmux.runtime.state import RoleState, SleepMode
+from rollmux.runtime.session import phase
+from rollmux.runtime.state import RoleState, SleepMode, read_checkpoint
 from rollmux.runtime.weights import PackedWeights, Publisher, load_packed
+
+if TYPE_CHECKING:
+    from rollmux.runtime.session import Session
 
 __all__ = ["StaleWeights", "WeightsDiscarded"]
 
@@ -172,3 +178,51 @@ class ParkedRole:
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         return self.state.restore(Path(path))
+
+
+class OnPolicyLoop:
+    """The driver loop of an on-policy job whose roles implement the adapter: rollout,
+    training, weight sync, metrics, checkpoint — every iteration, resuming from the
+    checkpoint. A job class (a dataclass with ``iterations`` and ``checkpoint``) inherits
+    it and gives its role factories.
+
+    Every node of a wide phase works (one rank each); a job whose rollout ranks each
+    sample a share overrides :meth:`merge` to put their batches together, and a job that
+    cannot split its work says ``wide = False`` and is refused a wide placement by name.
+    """
+
+    iterations: int
+    checkpoint: str | None
+    wide: ClassVar[bool] = False
+
+    def resume_from(self) -> int:
+        return len(self.completed())
+
+    def merge(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """The batch of a rollout over several ranks, in rank order."""
+        raise NotImplementedError(f"{type(self).__name__} cannot merge a rollout over {len(parts)} nodes")
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        widest = max(len(session.rollout_nodes), len(session.train_nodes))
+        if widest > 1 and not self.wide:
+            raise ValueError(f"{type(self).__name__} runs on one node per phase; the job asks for {widest}")
+        history = self.completed()
+        for iteration in range(len(history), self.iterations):
+            with phase("rollout"):
+                parts = session.call_all("rollout", "generate", iteration)
+                batch = parts[0] if len(parts) == 1 else self.merge(ray.get(parts))
+            with phase("train"):
+                result = session.call_all("train", "train", batch)[0]  # every rank returns the same
+                session.sync_weights(session.call("train", "weights"))
+                # Reported before the checkpoint: a crash in between redoes the iteration
+                # and reports the same metrics again, so no iteration goes unreported.
+                history.append(session.report(session.fetch(result), iteration))
+                if self.checkpoint:
+                    session.call("train", "checkpoint", self.checkpoint)
+        return history
+
+    def completed(self) -> list[dict[str, float]]:
+        """Metrics of the iterations a previous run of this job checkpointed."""
+        if not self.checkpoint or not Path(self.checkpoint).exists():
+            return []
+        return list(read_checkpoint(Path(self.checkpoint))["extra"]["history"])
