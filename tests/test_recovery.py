@@ -79,9 +79,11 @@ def no_node_runs_two_jobs(log: list[dict]) -> None:
 def test_a_killed_driver_holding_a_grant_loses_it_within_its_lease_and_resumes(service):
     api = Client(service.url, service.token)
     submit_group(api)
-    held = wait_until(lambda: (v := api.request("GET", "/v1/jobs/a"))["phase"] and v["iterations"] >= 2 and v)
+    wait_until(lambda: api.request("GET", "/v1/jobs/a")["iterations"] >= 2)
     session = [e for e in api.request("GET", "/v1/jobs/a/events") if e["kind"] == "session"][-1]
-    os.kill(int(re.search(r"pid (\d+)", session["detail"]).group(1)), signal.SIGKILL)
+    driver = int(re.search(r"pid (\d+)", session["detail"]).group(1))
+    held = wait_until(lambda: (v := api.request("GET", "/v1/jobs/a"))["phase"] and v, timeout_s=30)
+    os.kill(driver, signal.SIGKILL)  # at once: the phase seen held is still held
     killed = time.time()
 
     views = wait_until(lambda: all_ended(api))
