@@ -19,10 +19,11 @@ from torch import nn
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, merge
 from rollmux.runtime import ranks
-from rollmux.runtime.launch import run_plan, start_ray
+from rollmux.runtime.launch import run_plan
 from rollmux.runtime.program import JobContext
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.state import RoleState
+from tests.local_ray import fresh_local_ray
 
 FEATURES, BATCH, STEPS = 6, 32, 4
 
@@ -107,11 +108,7 @@ def alone() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    start_ray(rollout_nodes=2, train_nodes=2)
-    yield
-    ray.shutdown()
+    yield from fresh_local_ray(rollout_nodes=2, train_nodes=2)
 
 
 def test_a_two_node_training_phase_runs_a_rank_on_each_node_and_matches_one_rank(local_ray, tmp_path: Path):

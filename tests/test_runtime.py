@@ -20,12 +20,13 @@ from rollmux.core.spec import Pool
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
 from rollmux.runtime.executor import RayExecutor
-from rollmux.runtime.launch import RunResult, run_plan, start_ray
+from rollmux.runtime.launch import RunResult, run_plan
 from rollmux.runtime.nodes import NodeProvisioner, worker_of
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.warm import WarmOptions
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
 from rollmux.service.client import ServiceError
+from tests.local_ray import fresh_local_ray
 from tests.test_recovery import wait_until
 
 SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
@@ -52,11 +53,7 @@ def losses_and_rewards(history: list[dict[str, float]]) -> list[tuple[float, flo
 
 @pytest.fixture(scope="module")
 def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    start_ray(rollout_nodes=2, train_nodes=2)
-    yield
-    ray.shutdown()
+    yield from fresh_local_ray(rollout_nodes=2, train_nodes=2)
 
 
 @pytest.fixture(scope="module")

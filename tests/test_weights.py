@@ -12,10 +12,10 @@ from torch import nn
 
 from rollmux.core.errors import ResidencyExceeded, StaleWeights, WeightsDiscarded
 from rollmux.runtime.adapter import ParkedRole
-from rollmux.runtime.launch import start_ray
 from rollmux.runtime.state import RoleState
 from rollmux.runtime.weights import Publisher, load_packed
 from rollmux.runtime.workers import PoolWorker
+from tests.local_ray import fresh_local_ray
 
 
 class Mixed(nn.Module):
@@ -53,11 +53,7 @@ def test_stale_or_foreign_weights_are_refused():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    start_ray(rollout_nodes=1, train_nodes=1)
-    yield
-    ray.shutdown()
+    yield from fresh_local_ray(rollout_nodes=1, train_nodes=1)
 
 
 def test_weights_cross_ray_as_a_raw_buffer(local_ray):
