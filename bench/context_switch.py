@@ -75,15 +75,22 @@ def main() -> None:
     print(f"warm_ms={warm_ms:.3f} cold_ms={cold_ms:.3f} ratio={cold_ms / warm_ms:.1f}")
 
 
-def large_case(mib: float, repeats: int) -> None:
-    """A model and its Adam state of about ``mib`` MiB: weights are a third of it (Adam keeps
-    two moments per weight; gradients are dropped after the step, as training loops do)."""
-    layers = max(1, round(mib * 2**20 / 3 / (WIDTH * WIDTH * 4)))
-    model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)))
+def model_and_adam(mib: float, width: int, device: str) -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
+    """A stack of linear layers and its Adam state, about ``mib`` MiB in all, after one step:
+    weights are a third of it (Adam keeps two moments per weight; gradients are dropped
+    after the step, as training loops do). Shared with ``gpu_switch.py``."""
+    layers = max(1, round(mib * 2**20 / 3 / (width * width * 4)))
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(layers))).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model(torch.randn(4, WIDTH)).square().mean().backward()
+    model(torch.randn(4, width, device=device)).square().mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return model, optimizer
+
+
+def large_case(mib: float, repeats: int) -> None:
+    model, optimizer = model_and_adam(mib, WIDTH, "cpu")
+    layers = len(model)
     state = RoleState(model, optimizer, device="cpu")
     moved = state.host_bytes()
     sleeps, wakes = [], []

@@ -15,21 +15,11 @@ import statistics
 import sys
 
 import torch
+from context_switch import model_and_adam  # this folder is on the path of a bench run
 
 from rollmux.runtime.state import RoleState
 
 WIDTH = 4096
-
-
-def model_and_adam(gib: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Weights are a third of ``gib`` (Adam keeps two moments per weight)."""
-    layers = max(1, round(gib * 2**30 / 3 / (WIDTH * WIDTH * 4)))
-    model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers))).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model(torch.randn(8, WIDTH, device="cuda")).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return model, optimizer
 
 
 def main() -> None:
@@ -40,7 +30,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("gpu_switch: no CUDA device on this machine; run it where one is", file=sys.stderr)
         sys.exit(2)
-    model, optimizer = model_and_adam(args.gib)
+    model, optimizer = model_and_adam(args.gib * 1024, WIDTH, "cuda")
     state = RoleState(model, optimizer, device="cuda")
     moved = state.host_bytes()
     first_sleep, first_wake = state.sleep(), state.wake()
