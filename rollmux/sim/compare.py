@@ -6,13 +6,14 @@ Every ratio is computed from results of the same run; nothing is a constant.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
 from rollmux.inputs.trace import Trace, check_colocated_times
-from rollmux.sim.simulator import Realisation, SimResult, fluid_lower_bound_usd, simulate
+from rollmux.sim.failures import FailureModel
+from rollmux.sim.simulator import HOUR, Realisation, SimResult, fluid_lower_bound_usd, simulate
 
 REFERENCE = "rollmux"
 
@@ -20,8 +21,12 @@ REFERENCE = "rollmux"
 @dataclass
 class Comparison:
     results: dict[str, SimResult]
+    """Fault-free runs."""
     fluid_usd: float
     seed: int
+    failure_model: FailureModel | None = None
+    with_failures: dict[str, SimResult] = field(default_factory=dict)
+    """The same policies with ``failure_model``'s failures injected (empty without one)."""
 
     @property
     def reference(self) -> str:
@@ -60,7 +65,44 @@ class Comparison:
                 for name, r in self.results.items()
             },
             "example_group": [{"job": job, **asdict(seat)} for job, seat in self.results[ref].example_group],
+            **({"failures": self.failures_json()} if self.failure_model else {}),
         }
+
+    def failures_json(self) -> dict:
+        """The failure model and, per policy, its figures next to the fault-free ones."""
+        assert self.failure_model is not None
+        return {
+            "model": asdict(self.failure_model),
+            "policies": {name: failure_summary(self.results[name], run) for name, run in self.with_failures.items()},
+        }
+
+
+def failure_summary(fault_free: SimResult, run: SimResult) -> dict:
+    """One policy's run with failures next to its fault-free run."""
+    account = run.failures
+    assert account is not None
+    return {
+        "fault_free_cost_usd": fault_free.cost_usd,
+        "cost_usd": run.cost_usd,
+        "standby_usd": account.standby_usd,
+        "standby_node_hours": account.standby_node_s / HOUR,
+        "ettr": run.ettr,
+        "wasted_node_hours": account.wasted_node_s / HOUR,
+        "lost_job_hours": account.lost_s / HOUR,
+        "downtime_job_hours": account.downtime_s / HOUR,
+        "redo_job_hours": account.redo_s / HOUR,
+        "fault_free_work_efficiency": fault_free.work_efficiency,
+        "work_efficiency": run.work_efficiency,
+        "fault_free_slo_attainment": fault_free.slo_attainment,
+        "slo_attainment": run.slo_attainment,
+        "jobs_over_slo": run.jobs_over_slo,
+        "failures": account.failures,
+        "recoveries": {kind.value: count for kind, count in account.recoveries.items()},
+        "interruptions": account.interruptions,
+        "standby_failures": account.standby_failures,
+        "replicas_unfit_hours": account.replicas_unfit_s / HOUR,
+        "log": [asdict(hit) for hit in account.log],
+    }
 
 
 def compare(
@@ -73,24 +115,30 @@ def compare(
     realise: Realisation | None = None,
     regroup: RegroupConfig | None = None,
     source: str = "trace",
+    failures: FailureModel | None = None,
 ) -> Comparison:
     """Run every policy over the same trace; ``on_event(policy)`` reports progress.
 
-    Every policy's inputs are checked before the first simulation starts (``source``
-    names the trace in the error)."""
+    With ``failures``, every policy runs twice: fault-free, then with failures injected
+    (``on_event`` then ticks twice per trace event). Every policy's inputs are checked
+    before the first simulation starts (``source`` names the trace in the error)."""
     if "colocated" in policies:
         check_colocated_times(trace, source)
-    results = {}
+    runs: dict[str, SimResult] = {}
+    with_failures: dict[str, SimResult] = {}
     for name in policies:
         tick = (lambda _cluster, n=name: on_event(n)) if on_event else None
         regrouping = regroup if name == REFERENCE else None
-        results[name] = simulate(
-            trace,
-            make_policy(name, seed),
-            cost=cost,
-            planning=planning,
-            on_event=tick,
-            realise=realise,
-            regroup=regrouping,
-        )
-    return Comparison(results, fluid_lower_bound_usd(trace, cost), seed)
+        for model in (None, failures) if failures else (None,):
+            run = simulate(
+                trace,
+                make_policy(name, seed),
+                cost=cost,
+                planning=planning,
+                on_event=tick,
+                realise=realise,
+                regroup=regrouping,
+                failures=model,
+            )
+            (with_failures if model else runs)[name] = run
+    return Comparison(runs, fluid_lower_bound_usd(trace, cost), seed, failures, with_failures)

@@ -7,6 +7,7 @@ constant, so every metric is an exact integral of piecewise-constant rates.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ from rollmux.core.regroup import JobProgress, RegroupConfig, RegroupState, apply
 from rollmux.core.roundrobin import Seat, realised_periods
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace, TraceJob
+from rollmux.sim.failures import FailureAccount, FailureInjector, FailureModel, Interruption
 
 _SLO_TOL = 1e-9
 HOUR = 3600.0
@@ -41,19 +43,23 @@ def events(trace: Trace) -> list[Event]:
 @dataclass
 class JobAccount:
     """What happened to one job: time held, solo-equivalent work done (migration pauses
-    subtracted), pauses, and time within SLO."""
+    and failure losses subtracted), pauses, time lost to node failures, and time within SLO."""
 
     spec: JobSpec
     seconds: float = 0.0
     work_s: float = 0.0
     within_slo_s: float = 0.0
     paused_s: float = 0.0
+    lost_s: float = 0.0
+    """Seconds without progress after node failures: recovery downtime plus progress redone."""
 
     @property
     def slowdown(self) -> float:
         """Lifetime slowdown: wall time over the solo time of the iterations it ran, so
-        every pause counts."""
-        return self.seconds / self.work_s if self.work_s > 0 else 1.0
+        every pause counts; unbounded for a job that held time but kept no work."""
+        if self.work_s > 0:
+            return self.seconds / self.work_s
+        return math.inf if self.seconds > 0 else 1.0
 
     @property
     def met_slo(self) -> bool:
@@ -88,6 +94,8 @@ class SimResult:
     nodes_over_time: list[tuple[float, int, int]] = field(default_factory=list)
     example_group: list[tuple[str, Seat]] = field(default_factory=list)
     """The largest group the policy formed (first seen), for a Gantt chart of its schedule."""
+    failures: FailureAccount | None = None
+    """What injected node failures cost (None: a fault-free run)."""
 
     @property
     def cost_node_hours(self) -> float:
@@ -98,6 +106,13 @@ class SimResult:
         """Solo-equivalent job-hours of work per dollar."""
         work = sum(j.work_s for j in self.jobs.values()) / HOUR
         return work / self.cost_usd if self.cost_usd > 0 else 0.0
+
+    @property
+    def ettr(self) -> float:
+        """Effective training time ratio: time with progress over time held, over all jobs
+        (only node failures count as lost here; migration pauses count in slowdowns)."""
+        held = sum(j.seconds for j in self.jobs.values())
+        return 1.0 - sum(j.lost_s for j in self.jobs.values()) / held if held > 0 else 1.0
 
     @property
     def slo_attainment(self) -> float:
@@ -221,14 +236,18 @@ def simulate(
     on_event: Callable[[Cluster], None] | None = None,
     realise: Realisation | None = None,
     regroup: RegroupConfig | None = None,
+    failures: FailureModel | None = None,
 ) -> SimResult:
     """Replay ``trace`` under ``policy``; ``on_event`` sees the cluster after every event.
 
     With ``realise``, slowdowns and SLOs are those of sampled phase times (see Realisation).
     With ``regroup``, running jobs are re-placed after each event when it pays; each
     migration is charged in dollars and in the moved jobs' lost progress.
+    With ``failures``, held nodes fail and recover (see rollmux.sim.failures); standby
+    nodes are charged and each interrupted job's lost time counts against its work.
     """
     cluster = Cluster(cost=cost or CostModel(), planning=planning)
+    injector = FailureInjector(failures, trace, cluster.cost, policy.name) if failures else None
     cache: dict = {}
     state = RegroupState()
     result = SimResult(policy=policy.name, span_s=trace.end)
@@ -237,6 +256,8 @@ def simulate(
     now = 0.0
     for event in events(trace):
         _accrue(result, rates, event.time - now)
+        if injector:
+            _fail(result, rates, injector.interval(cluster, now, event.time))
         now = event.time
         if event.arrival:
             place(cluster, policy, event.job.spec)
@@ -252,6 +273,9 @@ def simulate(
         _remember_largest_group(cluster, result)
         if on_event:
             on_event(cluster)
+    if injector:
+        result.failures = injector.account
+        result.cost_usd += injector.account.standby_usd
     return result
 
 
@@ -276,6 +300,18 @@ def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, state: 
         result.migrations += int(pause > 0)
         result.jobs[job.name].work_s -= pause
         result.jobs[job.name].paused_s += pause
+
+
+def _fail(result: SimResult, rates: _Rates, hits: list[Interruption]) -> None:
+    """Charge each interrupted job the work of its lost seconds at its rate at the failure.
+
+    Exact while the job's group does not change over those seconds: its lifetime slowdown
+    is then its fault-free one over its ETTR. (A migration pause is charged at face value,
+    a second of solo work per second, which overstates it by the job's slowdown.)"""
+    for hit in hits:
+        account = result.jobs[hit.job]
+        account.lost_s += hit.lost_s
+        account.work_s -= hit.lost_s / rates.slowdowns[hit.job]
 
 
 def _accrue(result: SimResult, rates: _Rates, dt: float) -> None:
