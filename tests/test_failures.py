@@ -3,6 +3,7 @@ flattering (ETTR in [0, 1], standby paid, replicas lose no progress)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from rollmux.cli.main import app
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
 from rollmux.inputs.trace import Trace, TraceJob
@@ -256,3 +259,34 @@ def test_compare_reports_failures_next_to_fault_free(small_trace):
     assert rollmux["cost_usd"] > rollmux["fault_free_cost_usd"]
     assert len(rollmux["log"]) == rollmux["interruptions"]
     assert "failures" not in compare(trace, ["solo"]).to_json()
+
+
+def test_simulate_command_prints_failure_table_and_json(small_trace, tmp_path):
+    out = tmp_path / "res.json"
+    args = ["simulate", str(small_trace), "--policies", "rollmux,solo", "--no-regroup", "--json", str(out)]
+    result = CliRunner().invoke(app, [*args, "--mtbf-hours", "50", "--standby", "1", "--downtime-cold-s", "400"])
+    assert result.exit_code == 0, result.output
+    assert "node failures: MTBF 50 h/node, 1 standby/pool, replicas on" in result.output
+    assert "ETTR" in result.output and "stby+buddy" in result.output
+    failures = json.loads(out.read_text())["failures"]
+    assert failures["model"]["downtimes"]["cold_s"] == 400 and failures["model"]["replicas"] is True
+    assert 0 < failures["policies"]["rollmux"]["ettr"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--mtbf-hours", "0"], "--mtbf-hours"),
+        (["--mtbf-hours", "-3"], "--mtbf-hours"),
+        (["--mtbf-hours", "1e9"], "--mtbf-hours"),
+        (["--mtbf-hours", "100", "--standby", "-1"], "--standby"),
+        (["--mtbf-hours", "100", "--standby", "5000"], "--standby"),
+        (["--mtbf-hours", "100", "--downtime-cold-s", "1e7"], "--downtime-cold-s"),
+        (["--standby", "1"], "--standby needs --mtbf-hours"),
+        (["--no-replicas"], "--replicas needs --mtbf-hours"),
+    ],
+)
+def test_simulate_command_refuses_bad_failure_options(small_trace, extra, message):
+    result = CliRunner().invoke(app, ["simulate", str(small_trace), "--policies", "solo", *extra])
+    assert result.exit_code == 2
+    assert message in result.output

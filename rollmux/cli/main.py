@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import fields, replace
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -25,6 +26,8 @@ from rollmux.core.placement import POLICIES, make_policy, place
 from rollmux.core.spec import DEFAULT_PLANNING, Planning, Pool
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
+from rollmux.sim import failures as fail
+from rollmux.sim.failures import FailureModel, Recovery, RecoveryTimes
 
 if TYPE_CHECKING:  # the simulator and the plots load scipy and matplotlib: only `simulate` needs them
     from rollmux.sim.compare import Comparison
@@ -67,6 +70,11 @@ def _load_trace(trace: Path, profile: Path | None, slo_uniform: tuple[float, flo
     return read_trace(trace, load_profile(profile) if profile else None, sampler)
 
 
+def _downtime_help(kind: Recovery) -> str:
+    default = RecoveryTimes().of(kind)
+    return f"With --mtbf-hours: seconds without progress after a {kind.value} recovery (default {default:g})"
+
+
 @app.command()
 @friendly_errors
 def simulate(
@@ -91,19 +99,74 @@ def simulate(
     ] = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of cost rate over time (default: next to --json)")] = None,
+    mtbf_hours: Annotated[
+        float | None,
+        typer.Option(
+            min=fail.MIN_MTBF_HOURS,
+            max=fail.MAX_MTBF_HOURS,
+            help="Inject node failures: mean time between failures per node",
+        ),
+    ] = None,
+    standby: Annotated[
+        int | None,
+        typer.Option(min=0, max=fail.MAX_STANDBY, help="With --mtbf-hours: idle standby nodes per pool (default 0)"),
+    ] = None,
+    replicas: Annotated[
+        bool | None,
+        typer.Option(
+            "--replicas/--no-replicas",
+            help="With --mtbf-hours: keep each job's state in a buddy's host memory (default: on with a standby)",
+        ),
+    ] = None,
+    checkpoint_min: Annotated[
+        float | None,
+        typer.Option(
+            min=1.0,
+            max=fail.MAX_CHECKPOINT_INTERVAL_S / 60,
+            help="With --mtbf-hours: minutes of progress between checkpoints "
+            f"(default {fail.DEFAULT_CHECKPOINT_INTERVAL_S / 60:g})",
+        ),
+    ] = None,
+    restock_min: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=fail.MAX_DOWNTIME_S / 60,
+            help=f"With --mtbf-hours: minutes to replace a standby (default {fail.DEFAULT_RESTOCK_S / 60:g})",
+        ),
+    ] = None,
+    downtime_buddy_s: Annotated[
+        float | None, typer.Option(min=0.0, max=fail.MAX_DOWNTIME_S, help=_downtime_help(Recovery.STANDBY_BUDDY))
+    ] = None,
+    downtime_checkpoint_s: Annotated[
+        float | None, typer.Option(min=0.0, max=fail.MAX_DOWNTIME_S, help=_downtime_help(Recovery.STANDBY_CHECKPOINT))
+    ] = None,
+    downtime_cold_s: Annotated[
+        float | None, typer.Option(min=0.0, max=fail.MAX_DOWNTIME_S, help=_downtime_help(Recovery.COLD))
+    ] = None,
 ) -> None:
-    """Replay a trace under several placement policies and compare cost, efficiency and SLOs."""
+    """Replay a trace under several placement policies and compare cost, efficiency and SLOs;
+    with --mtbf-hours, also with node failures injected, next to the fault-free figures."""
     from rollmux.core.regroup import RegroupConfig
     from rollmux.report.plots import cost_rate_plot
     from rollmux.sim.compare import compare
     from rollmux.sim.simulator import Realisation, with_rollout_cv
 
     names = _policy_names(policies)
+    failure_model = _failure_model(
+        mtbf_hours,
+        seed,
+        standby=standby,
+        replicas=replicas,
+        checkpoint_min=checkpoint_min,
+        restock_min=restock_min,
+        downtimes=(downtime_buddy_s, downtime_checkpoint_s, downtime_cold_s),
+    )
     loaded = _load_trace(trace, profile, slo_uniform, seed)
     realise = None
     if rollout_cv > 0:
         loaded, realise = with_rollout_cv(loaded, rollout_cv), Realisation(seed=seed)
-    event_count = 2 * len(loaded.jobs)
+    event_count = 2 * len(loaded.jobs) * (2 if failure_model else 1)
     with Progress(
         TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
     ) as progress:
@@ -117,9 +180,13 @@ def simulate(
             realise=realise,
             regroup=RegroupConfig() if regroup else None,
             source=str(trace),
+            failures=failure_model,
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)
+    if failure_model:
+        out.print(failures_table(result))
+        out.print(failures_line(result), highlight=False)
     report = result.to_json()
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +236,94 @@ def comparison_table(result: Comparison, title: str) -> Table:
             str(s["train_peak_nodes"]),
         )
     return table
+
+
+_DOWNTIME_OPTIONS = ("--downtime-buddy-s", "--downtime-checkpoint-s", "--downtime-cold-s")
+
+
+def _failure_model(
+    mtbf_hours: float | None,
+    seed: int,
+    *,
+    standby: int | None,
+    replicas: bool | None,
+    checkpoint_min: float | None,
+    restock_min: float | None,
+    downtimes: tuple[float | None, float | None, float | None],
+) -> FailureModel | None:
+    """The failure model the options ask for; options of one without --mtbf-hours are refused
+    rather than ignored. Unset options take the model's documented defaults."""
+    given = {"--standby": standby, "--replicas": replicas, "--checkpoint-min": checkpoint_min}
+    given |= {"--restock-min": restock_min, **dict(zip(_DOWNTIME_OPTIONS, downtimes, strict=True))}
+    if mtbf_hours is None:
+        stray = [name for name, value in given.items() if value is not None]
+        if stray:
+            verb = "needs" if len(stray) == 1 else "need"
+            raise ValueError(f"{', '.join(stray)} {verb} --mtbf-hours (no node fails without it)")
+        return None
+    times = {f.name: value for f, value in zip(fields(RecoveryTimes), downtimes, strict=True) if value is not None}
+    chosen = {
+        "standby": standby,
+        "checkpoint_interval_s": None if checkpoint_min is None else 60 * checkpoint_min,
+        "restock_s": None if restock_min is None else 60 * restock_min,
+    }
+    model = FailureModel(mtbf_hours, seed=seed, downtimes=RecoveryTimes(**times))
+    model = replace(model, **{name: value for name, value in chosen.items() if value is not None})
+    return replace(model, replicas=model.standby > 0 if replicas is None else replicas)
+
+
+_SHORT_KIND = {  # recovery kinds in table headers
+    "standby+buddy": "stby+buddy",
+    "standby+checkpoint": "stby+ckpt",
+    "cold": "cold",
+}
+
+
+def failures_table(result: Comparison) -> Table:
+    """Per policy: cost, ETTR, losses and SLO attainment with failures, next to fault-free."""
+    from rollmux.sim.compare import failure_summary
+
+    model = result.failure_model
+    assert model is not None
+    times = model.downtimes
+    table = Table(
+        title=f"node failures: MTBF {model.mtbf_hours:g} h/node, {model.standby} standby/pool, "
+        f"replicas {'on' if model.replicas else 'off'}, checkpoint {model.checkpoint_interval_s / 60:g} min, "
+        f"downtime stby+buddy {times.standby_buddy_s:g} s, stby+ckpt {times.standby_checkpoint_s:g} s, "
+        f"cold {times.cold_s:g} s, seed {model.seed}"
+    )
+    columns = ("policy", "no-fail $", "cost $", "standby $", "ETTR", "lost job-h", "lost node-h", "no-fail SLO")
+    columns += ("SLO att.", "failures", *(_SHORT_KIND[kind.value] for kind in Recovery))
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for name, run in result.with_failures.items():
+        s = failure_summary(result.results[name], run)
+        table.add_row(
+            name,
+            f"{s['fault_free_cost_usd']:,.0f}",
+            f"{s['cost_usd']:,.0f}",
+            f"{s['standby_usd']:,.0f}",
+            f"{s['ettr']:.4f}",
+            f"{s['lost_job_hours']:,.1f}",
+            f"{s['wasted_node_hours']:,.1f}",
+            f"{100 * s['fault_free_slo_attainment']:.1f}%",
+            f"{100 * s['slo_attainment']:.1f}%",
+            str(s["failures"]),
+            *(str(s["recoveries"][kind.value]) for kind in Recovery),
+        )
+    return table
+
+
+def failures_line(result: Comparison) -> str:
+    """Jobs interrupted per policy and, with replicas, how long each policy's pools lacked
+    the DRAM for a buddy copy of every resident state (placement does not reserve it)."""
+    runs = result.with_failures.values()
+    interruptions = " ".join(f"{r.policy}={r.failures.interruptions}" for r in runs if r.failures)
+    line = f"jobs interrupted: {interruptions}"
+    if result.failure_model and result.failure_model.replicas:
+        unfit = " ".join(f"{r.policy}={r.failures.replicas_unfit_s / 3600:.1f}h" for r in runs if r.failures)
+        line += f"; pool DRAM short of a buddy copy of every state: {unfit} (not checked by placement)"
+    return line
 
 
 def fluid_line(result: Comparison) -> str:
@@ -418,7 +573,14 @@ def serve(
         int, typer.Option(min=0, max=4096, help="Drivers the started driver processes can still take at once")
     ] = 0,
     spare_workers: Annotated[
-        int, typer.Option(min=0, max=1024, help="Empty workers kept started per pool for the next nodes")
+        int,
+        typer.Option(
+            "--spare-workers",
+            "--standby",
+            min=0,
+            max=1024,
+            help="Standby workers kept warm per pool: they take over dead nodes, keep replicas, serve new nodes",
+        ),
     ] = 0,
 ) -> None:
     """Run the control plane: places jobs, runs their drivers on Ray, grants their phases."""

@@ -31,11 +31,18 @@ from rollmux.core.spec import CostModel, Pool
 from rollmux.inputs.trace import Trace
 
 HOUR = 3600.0
+MIN_MTBF_HOURS = 1.0
+"""A node failing more often than hourly is broken, not unreliable."""
 MAX_MTBF_HOURS = 1_000_000.0
-"""About 114 years per node: a longer MTBF is a typo, not a failure model."""
+"""About 114 years per node: a longer MTBF is a typo, not a failure model (``math.inf``
+is accepted: no failures)."""
 MAX_STANDBY = 100
 MAX_DOWNTIME_S = 86_400.0
 MAX_CHECKPOINT_INTERVAL_S = 7 * 86_400.0
+DEFAULT_CHECKPOINT_INTERVAL_S = 1800.0
+"""Half an hour of progress between checkpoints: an assumption, not a measurement."""
+DEFAULT_RESTOCK_S = 600.0
+"""Ten minutes to provision and warm a replacement standby in the background: an assumption."""
 
 
 class Recovery(str, Enum):
@@ -88,14 +95,16 @@ class FailureModel:
     mtbf_hours: float
     standby: int = 0
     replicas: bool = False
-    checkpoint_interval_s: float = 1800.0
-    restock_s: float = 600.0
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
+    restock_s: float = DEFAULT_RESTOCK_S
     downtimes: RecoveryTimes = field(default_factory=RecoveryTimes)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.mtbf_hours > 0 and (self.mtbf_hours <= MAX_MTBF_HOURS or self.mtbf_hours == math.inf)):
-            raise ValueError(f"MTBF must be in (0, {MAX_MTBF_HOURS:,.0f}] hours per node, got {self.mtbf_hours}")
+        if not (MIN_MTBF_HOURS <= self.mtbf_hours <= MAX_MTBF_HOURS or self.mtbf_hours == math.inf):
+            raise ValueError(
+                f"MTBF must be in [{MIN_MTBF_HOURS:g}, {MAX_MTBF_HOURS:,.0f}] hours per node, got {self.mtbf_hours}"
+            )
         if not 0 <= self.standby <= MAX_STANDBY:
             raise ValueError(f"standby nodes per pool must be in [0, {MAX_STANDBY}], got {self.standby}")
         if not 0 < self.checkpoint_interval_s <= MAX_CHECKPOINT_INTERVAL_S:
