@@ -281,17 +281,29 @@ class GRPOJob(OnPolicyLoop):
     config: GRPOConfig
     iterations: int
     checkpoint: str | None = None
-    """Trainer checkpoint file, rewritten after every iteration; a job that finds one resumes."""
+    """Trainer checkpoint file, rewritten every ``checkpoint_every`` iterations; a job that
+    finds one resumes."""
+    checkpoint_every: int = 1
     wide: ClassVar[bool] = True
 
     @classmethod
     def from_context(cls, context: JobContext) -> GRPOJob:
         """The job as the control plane starts it (``kind: grpo``, or an entrypoint naming
         ``<module>:<GRPOJob subclass>.from_context``)."""
-        return cls(GRPOConfig(**context.args), context.iterations, context.checkpoint)
+        return cls(GRPOConfig(**context.args), context.iterations, context.checkpoint, context.checkpoint_every)
 
     def role_factory(self, phase_name: str):
         return partial(GRPORollout if phase_name == "rollout" else GRPOTrainer, self.config, self.checkpoint)
 
     def merge(self, parts: list[dict]) -> dict:
         return merge(parts)
+
+
+def run_alone(config: GRPOConfig, iterations: int) -> list[dict[str, float]]:
+    """The job trained in this process without RollMux: what every run under RollMux —
+    multiplexed, moved, restarted, failed over — must reproduce metric for metric."""
+    rollout, trainer = GRPORollout(config), GRPOTrainer(config)
+    for iteration in range(iterations):
+        trainer.train(rollout.generate(iteration))
+        rollout.load_weights(*trainer.weights())
+    return trainer.history

@@ -305,11 +305,12 @@ class TRLJob(OnPolicyLoop):
     task: TRLTask
     iterations: int
     checkpoint: str | None = None
+    checkpoint_every: int = 1
     task_type: ClassVar[type[TRLTask]] = TRLTask
 
     @classmethod
     def from_context(cls, context: JobContext) -> TRLJob:
-        return cls(cls.task_type(**context.args), context.iterations, context.checkpoint)
+        return cls(cls.task_type(**context.args), context.iterations, context.checkpoint, context.checkpoint_every)
 
     def role_factory(self, phase_name: str) -> partial[ParkedRole]:
         return partial(TRLRollout if phase_name == "rollout" else TRLTrainer, self.task, self.checkpoint)

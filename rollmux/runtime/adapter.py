@@ -193,6 +193,7 @@ class OnPolicyLoop:
 
     iterations: int
     checkpoint: str | None
+    checkpoint_every: int = 1
     wide: ClassVar[bool] = False
 
     def resume_from(self) -> int:
@@ -206,7 +207,7 @@ class OnPolicyLoop:
         widest = max(len(session.rollout_nodes), len(session.train_nodes))
         if widest > 1 and not self.wide:
             raise ValueError(f"{type(self).__name__} runs on one node per phase; the job asks for {widest}")
-        history = self.completed()
+        history = self.completed() if session.restored is None else self._restored(session)
         for iteration in range(len(history), self.iterations):
             with phase("rollout"):
                 parts = session.call_all("rollout", "generate", iteration)
@@ -217,8 +218,20 @@ class OnPolicyLoop:
                 # Reported before the checkpoint: a crash in between redoes the iteration
                 # and reports the same metrics again, so no iteration goes unreported.
                 history.append(session.report(session.fetch(result), iteration))
-                if self.checkpoint:
+                due = (iteration + 1) % self.checkpoint_every == 0 or iteration + 1 == self.iterations
+                if self.checkpoint and due:
                     session.call("train", "checkpoint", self.checkpoint)
+        return history
+
+    @staticmethod
+    def _restored(session: Session) -> list[dict[str, float]]:
+        """Resume from a trainer that survived or came from its replica: the rollouts get
+        its weights, and the iterations it trained that the control plane has no report of
+        (the copy is taken before the hand-back) are reported now."""
+        history = list(session.restored or [])
+        session.level_rollouts()
+        for iteration in range(session.turns.info["iteration"], len(history)):
+            session.report(history[iteration], iteration)
         return history
 
     def completed(self) -> list[dict[str, float]]:

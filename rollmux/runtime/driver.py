@@ -21,6 +21,7 @@ import os
 import threading
 import traceback
 import uuid
+from typing import Any
 
 import ray
 
@@ -76,20 +77,14 @@ def drive(url: str, token: str, job: str) -> str:
     try:
         spec = JobSubmission.model_validate(turns.info["program"])
         assert spec.callable_path is not None and spec.iterations is not None, f"{job} is not run by RollMux"
-        context = JobContext(job, spec.iterations, spec.program_args, turns.info["checkpoint"])
+        context = JobContext(job, spec.iterations, spec.program_args, turns.info["checkpoint"], spec.checkpoint_every)
         program = load_program(spec.callable_path, context)
         nodes = {ROLLOUT: turns.info["rollout_nodes"], TRAIN: turns.info["train_nodes"]}
         workers = {node: worker_of(node) for phase_nodes in nodes.values() for node in phase_nodes}
-        ray.get(
-            [
-                workers[node].load.remote(job, phase, turns.epoch, program.role_factory(phase))
-                for phase, phase_nodes in nodes.items()
-                for node in phase_nodes
-            ]
-        )
+        restored = _load_roles(turns, program, nodes, workers, spec.replicas > 0)
         resume = getattr(program, "resume_from", None)
-        turns.activate(resume() if resume else None)
-        session = Session(turns, workers)
+        turns.activate(len(restored) if restored is not None else resume() if resume else None)
+        session = Session(turns, workers, spec.replicas > 0, restored)
         attach(session)
         program.run(session)
     except StaleEpoch as fenced:
@@ -105,6 +100,33 @@ def drive(url: str, token: str, job: str) -> str:
     finally:
         attach(None)
         turns.close()
+
+
+def _load_roles(
+    turns: TurnSession, program: Any, nodes: dict[str, list[int]], workers: dict[int, Any], replicas: bool
+) -> list[dict[str, float]] | None:
+    """Put the job's roles on its nodes' workers for this session. A job with replicas
+    keeps its trainer where it survived, or takes it from its replica on the buddy that now
+    serves the node; its rollouts are kept too, as they cannot be ahead of that trainer.
+    Returns the restored trainer's metrics of every iteration (where the job resumes), or
+    None when the trainer was built from the checkpoint: then every role is."""
+
+    def load(phases: tuple[str, ...], keep: int | None) -> list[dict[str, Any]]:
+        loads = [
+            workers[node].load.remote(turns.job, phase, turns.epoch, program.role_factory(phase), keep)
+            for phase in phases
+            for node in nodes[phase]
+        ]
+        return ray.get(loads)
+
+    keep = turns.iteration if replicas and len(nodes[TRAIN]) == 1 else None
+    if keep is not None and load((TRAIN,), keep)[0]["source"] != "built":
+        history = ray.get(workers[nodes[TRAIN][0]].progress.remote(turns.job, TRAIN, turns.epoch))
+        if history is not None:
+            load((ROLLOUT,), keep)
+            return history
+    load((TRAIN, ROLLOUT), None)
+    return None
 
 
 def start_host(capacity: int) -> tuple[str, ray.actor.ActorHandle]:

@@ -9,6 +9,7 @@ calls run in threads so the control plane's event loop never waits on them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class RayExecutor:
         """job -> (incarnation, its host, the task that ends with its driver; None if found after a restart)"""
         self.hosts: dict[str, _Host] = {}
         self._discovered = False
+        self._refill: asyncio.Task | None = None
         self.url = ""
         self.token = ""
 
@@ -66,6 +68,7 @@ class RayExecutor:
                 await asyncio.to_thread(self.nodes.ensure, node, pool)
         for node in [n for n in self.nodes.nodes if n not in nodes]:
             await asyncio.to_thread(self.nodes.release, node)
+        self._keep_standbys()
 
     async def warm_up(self) -> None:
         """Start the spare driver processes and workers and wait until they answer, so the
@@ -75,21 +78,29 @@ class RayExecutor:
             await self._discover()
         await self._spare_hosts()
         if self.warm.spare_workers:
-            await asyncio.to_thread(self.nodes.top_up, await self._free_units())
+            await asyncio.to_thread(self.nodes.top_up)
         idle = [h.handle.pid.remote() for h in self.hosts.values() if not h.drivers]
         spares = [s.worker.where.remote() for pool in Pool for s in self.nodes.spares[pool]]
         await asyncio.gather(*idle, *spares)
 
-    async def _free_units(self) -> dict[Pool, int]:
-        """Units of each pool that neither a node nor a spare worker holds."""
-        offered = await asyncio.to_thread(ray.cluster_resources)
-        taken = {pool: len(self.nodes.spares[pool]) for pool in Pool}
-        for node in self.nodes.nodes.values():
-            taken[node.pool] += 1
-        return {pool: int(offered.get(POOL_RESOURCE[pool], 0)) - taken[pool] for pool in Pool}
-
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
+        """Wait until the nodes are reserved and their workers answer; where a standby took a
+        dead worker's node over, a new standby is started in the background."""
         await asyncio.gather(*(self.nodes.ready(node) for node in nodes))
+        self._keep_standbys()
+
+    def _keep_standbys(self) -> None:
+        """Start standbys in the background where a pool has fewer than it keeps (a node
+        took one, or one took a dead node over), on units no node holds."""
+        short = any(len(spares) < self.warm.spare_workers for spares in self.nodes.spares.values())
+        if short and self._discovered and self._refill is None:
+            self._refill = asyncio.create_task(self._provision_standbys(), name="standby")
+
+    async def _provision_standbys(self) -> None:
+        try:
+            await asyncio.to_thread(self.nodes.top_up)
+        finally:
+            self._refill = None
 
     async def transfer(self, job: str, epoch: int, pairs: list[tuple[str, int, int]]) -> int:
         """Move a job's roles — (phase, old node, new node) — to their new nodes, worker to
@@ -190,12 +201,14 @@ class RayExecutor:
 
     async def stop_driver(self, job: str, incarnation: int) -> None:
         await self._stop(job)
-        for node in self.nodes.nodes.values():
-            node.worker.unload.remote(job)
+        for node in [*self.nodes.nodes.values(), *itertools.chain(*self.nodes.spares.values())]:
+            node.worker.unload.remote(job)  # its roles, and its replicas on the standbys
 
     async def close(self) -> None:
         """Give everything back: driver processes stopped, nodes released (jobs resume at the
         next start). Direct calls: at shutdown the thread pool may already be gone."""
+        if self._refill is not None:
+            self._refill.cancel()
         for host in self.hosts.values():
             ray.kill(host.handle)
         self.hosts.clear()

@@ -13,12 +13,19 @@ therefore named for itself, not for a node; which worker serves which node is wr
 Ray's key-value store (the GCS), where every process of the cluster — drivers, workers,
 a restarted control plane — finds it. Placement groups and workers are detached, so they
 outlive a restart of the control plane.
+
+The warm spares are also the pools' standby workers: each has run a sandbox phase, the
+first of each pool is the buddy that keeps replicas of the jobs that ask for them (its
+name is in the GCS too), and a node whose worker died is taken over by a standby — the
+one holding the node's jobs' replicas — instead of waiting for a new process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -42,6 +49,21 @@ def pool_resources(rollout_nodes: int, train_nodes: int) -> dict[str, float]:
 
 def _directory_key(node_id: int) -> bytes:
     return f"rollmux-node-{node_id}".encode()
+
+
+def _standby_key(pool: Pool) -> bytes:
+    return f"rollmux-standby-{pool.value}".encode()
+
+
+def standby_of(pool: Pool) -> ray.actor.ActorHandle | None:
+    """The standby worker of a pool that keeps the replicas of its jobs (None: it has none)."""
+    name = internal_kv._internal_kv_get(_standby_key(pool), namespace=NAMESPACE)
+    if name is None:
+        return None
+    try:
+        return ray.get_actor(name.decode(), namespace=NAMESPACE)
+    except ValueError:
+        return None
 
 
 def worker_name_of(node_id: int) -> str | None:
@@ -77,6 +99,9 @@ class NodeProvisioner:
         """Empty workers kept per pool for the next nodes (each holds one unit of its pool)."""
         self.nodes: dict[int, ProvisionedNode] = {}
         self.spares: dict[Pool, list[ProvisionedNode]] = {pool: [] for pool in Pool}
+        self._topping_up = threading.Lock()
+        self.takeovers: list[tuple[int, float]] = []
+        """(node, seconds) of every dead worker replaced, by a standby or a new process."""
 
     def ensure(self, node_id: int, pool: Pool) -> ProvisionedNode:
         """The node's placement group and worker: found again if they survived, a warm
@@ -101,7 +126,21 @@ class NodeProvisioner:
             return None
 
     def _take_spare(self, pool: Pool) -> ProvisionedNode | None:
-        return self.spares[pool].pop() if self.spares[pool] else None
+        """A new node takes the youngest spare; the first, the buddy with the replicas, is
+        kept for a node that dies."""
+        if not self.spares[pool]:
+            return None
+        spare = self.spares[pool].pop()
+        self._name_buddy(pool)
+        return spare
+
+    def _name_buddy(self, pool: Pool) -> None:
+        """Write which standby keeps the pool's replicas (or that none does)."""
+        if self.spares[pool]:
+            name = self.spares[pool][0].name.encode()
+            internal_kv._internal_kv_put(_standby_key(pool), name, overwrite=True, namespace=NAMESPACE)
+        else:
+            internal_kv._internal_kv_del(_standby_key(pool), namespace=NAMESPACE)
 
     def _create(self, pool: Pool) -> ProvisionedNode:
         name = f"{WORKER_PREFIX}{pool.value}-{uuid.uuid4().hex[:12]}"
@@ -130,11 +169,21 @@ class NodeProvisioner:
             .remote(pool.value, self.host_limit_bytes)
         )
 
-    def top_up(self, free: dict[Pool, int]) -> None:
-        """Start spares until each pool has ``warm`` of them, on units no node holds."""
-        for pool in Pool:
-            for _ in range(min(self.warm - len(self.spares[pool]), free.get(pool, 0))):
-                self.spares[pool].append(self._create(pool))
+    def top_up(self) -> None:
+        """Start spares until each pool has ``warm`` of them, on units that neither a node
+        nor a spare holds; each runs its sandbox phase before it counts as a standby. One
+        top-up at a time."""
+        with self._topping_up:
+            offered = ray.cluster_resources()
+            started: dict[Pool, list[ProvisionedNode]] = {}
+            for pool in Pool:
+                taken = len(self.spares[pool]) + sum(node.pool == pool for node in list(self.nodes.values()))
+                free = int(offered.get(POOL_RESOURCE[pool], 0)) - taken
+                started[pool] = [self._create(pool) for _ in range(min(self.warm - len(self.spares[pool]), free))]
+            ray.get([spare.worker.warm_up.remote() for spare in itertools.chain(*started.values())])
+            for pool, spares in started.items():
+                self.spares[pool].extend(spares)
+                self._name_buddy(pool)
 
     def adopt_spares(self) -> None:
         """After a restart: the warm workers no node uses are spares again (beyond
@@ -153,19 +202,40 @@ class NodeProvisioner:
                 self.spares[pool].append(spare)
             else:
                 _give_back(spare)
+        for pool in Pool:
+            self._name_buddy(pool)
 
     async def ready(self, node_id: int) -> None:
-        """Wait until Ray has reserved the node and its worker answers; a worker that died
-        is replaced by a fresh one in the same reservation (its jobs' roles are reloaded
-        from their checkpoints when they restart)."""
+        """Wait until Ray has reserved the node and its worker answers. A worker that died
+        is replaced: by a standby of its pool if there is one (the buddy first: it holds the
+        replicas of the node's jobs), else by a fresh process in the same reservation (cold:
+        its jobs' roles are rebuilt from their checkpoints when they restart)."""
         node = self.nodes[node_id]
         await node.group.ready()
         try:
             await node.worker.where.remote()
         except ray.exceptions.RayActorError:
-            node.worker = await asyncio.to_thread(self._worker, node.name, node.pool, node.group)
-            node.worker.assign.remote(node_id)
+            start = time.perf_counter()
+            if self.spares[node.pool]:
+                await asyncio.to_thread(self._standby_takes_over, node)
+            else:
+                node.worker = await asyncio.to_thread(self._worker, node.name, node.pool, node.group)
+                node.worker.assign.remote(node_id)
             await node.worker.where.remote()
+            self.takeovers.append((node_id, time.perf_counter() - start))
+
+    def _standby_takes_over(self, node: ProvisionedNode) -> None:
+        """The dead worker's reservation is given back (its unit will hold a new standby)
+        and the buddy standby serves the node from now on."""
+        standby = self.spares[node.pool].pop(0)
+        self._name_buddy(node.pool)
+        dead_group = node.group
+        node.group, node.worker, node.name = standby.group, standby.worker, standby.name
+        node.worker.assign.remote(node.node_id)
+        internal_kv._internal_kv_put(
+            _directory_key(node.node_id), node.name.encode(), overwrite=True, namespace=NAMESPACE
+        )
+        remove_placement_group(dead_group)
 
     def release(self, node_id: int) -> None:
         """The node is given back; its worker, emptied, is kept as a spare if its pool has
@@ -179,6 +249,7 @@ class NodeProvisioner:
                 _give_back(node)
                 return
             self.spares[node.pool].append(node)
+            self._name_buddy(node.pool)
         else:
             _give_back(node)
 
@@ -186,9 +257,10 @@ class NodeProvisioner:
         for node_id in list(self.nodes):
             _give_back(self.nodes.pop(node_id))
             internal_kv._internal_kv_del(_directory_key(node_id), namespace=NAMESPACE)
-        for spares in self.spares.values():
+        for pool, spares in self.spares.items():
             while spares:
                 _give_back(spares.pop())
+            self._name_buddy(pool)
 
 
 def _give_back(node: ProvisionedNode) -> None:

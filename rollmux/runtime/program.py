@@ -30,7 +30,9 @@ class JobContext:
     iterations: int
     args: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = None
-    """A file the job may write its checkpoint to (rewritten after every iteration)."""
+    """A file the job may write its checkpoint to."""
+    checkpoint_every: int = 1
+    """Iterations between two checkpoints (and after the last)."""
 
 
 class JobProgram(Protocol):

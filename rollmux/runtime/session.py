@@ -6,6 +6,11 @@ nodes. Entering a phase asks the control plane for the grant (blocking until the
 round-robin gives this job its turn) and wakes the job's roles on the phase's nodes with
 the grant's fencing token; leaving puts them back to sleep in host memory and hands the
 phase back with what it measured. Processes stay alive throughout.
+
+A job with replicas leaves its training phase in three steps before handing it back: the
+trainer sleeps, a copy of it goes to the pool's buddy standby, and only then do the new
+weights go to its rollouts. So a rollout never holds weights newer than the trainer's
+newest copy, and a trainer restored from its replica is never behind its rollouts.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any
 
 import ray
 
+from rollmux.core.errors import ResidencyExceeded
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.runtime.nodes import worker_of
+from rollmux.core.spec import Pool
+from rollmux.runtime.nodes import standby_of, worker_of
 from rollmux.service.client import Grant, TurnSession
 
 PHASES = (ROLLOUT, TRAIN)
@@ -29,7 +36,13 @@ _attached = threading.local()
 class Session:
     """A job's connection to the control plane and to the workers of its placement."""
 
-    def __init__(self, turns: TurnSession, workers: dict[int, Any]):
+    def __init__(
+        self,
+        turns: TurnSession,
+        workers: dict[int, Any],
+        replicas: bool = False,
+        restored: list[dict[str, float]] | None = None,
+    ):
         self.turns = turns
         self.job = turns.job
         self.epoch = turns.epoch
@@ -47,6 +60,13 @@ class Session:
         self._groups: dict[str, tuple[int, ...]] = {}
         """The nodes each wide phase's process group was built on."""
         self._generation = 0
+        self.replicas = replicas and len(self.train_nodes) == 1
+        """Copy the trainer to the pool's buddy after every training phase (one-node trainers)."""
+        self.restored = restored
+        """Every iteration's metrics, when this session resumed from a trainer that survived
+        or came from its replica (None: it resumed from its checkpoint, or started)."""
+        self._buddy: Any = None
+        self._deferred_sync: ray.ObjectRef | None = None
 
     @property
     def colocated(self) -> bool:
@@ -89,9 +109,15 @@ class Session:
         grant = self.grant
         assert grant is not None and grant.phase == phase, f"{self.job}: left {phase} without holding it"
         busy_s = time.perf_counter() - self._started
-        sleeps = [w.sleep.remote(self.job, phase, self.epoch, grant.token) for w in self._granted_workers()]
+        workers = self._granted_workers()
+        sleeps = [w.sleep.remote(self.job, phase, self.epoch, grant.token) for w in workers]
         self.grant = None
         sleep_s = max(ray.get(sleeps))
+        if phase == TRAIN and self.replicas:
+            self._replicate(workers[0], grant.token, grant.iteration + 1)
+        if self._deferred_sync is not None:
+            published, self._deferred_sync = self._deferred_sync, None
+            self._deliver(published)
         self.turns.release(grant, busy_s, self._wake_s, sleep_s)
         handback = time.perf_counter() - self._started - busy_s
         self.handback_s = handback if self.handback_s == 0 else 0.8 * self.handback_s + 0.2 * handback
@@ -144,8 +170,41 @@ class Session:
         return ray.get(ref)
 
     def sync_weights(self, published: ray.ObjectRef) -> None:
-        """Weight sync: deliver (version, weights) to every rollout node of the job."""
+        """Weight sync: deliver (version, weights) to every rollout node of the job. A job
+        with replicas delivers when it leaves the training phase, after its trainer's copy
+        reached the buddy (see the module's docstring)."""
+        if self.replicas and self.grant is not None and self.grant.phase == TRAIN:
+            self._deferred_sync = published
+        else:
+            self._deliver(published)
+
+    def _deliver(self, published: ray.ObjectRef) -> None:
         ray.get([w.deliver.remote(self.job, self.epoch, published) for w in self.workers_of(ROLLOUT)])
+
+    def _replicate(self, trainer: Any, token: int, completed: int) -> None:
+        """Copy the sleeping trainer to the pool's buddy, worker to worker. Without a
+        standby to hold it, the last copy (now older than the weights about to be sent) is
+        dropped: a restart then goes back to the checkpoint, never to a stale replica."""
+        buddy = standby_of(Pool.TRAIN)
+        if self._buddy is not None and (buddy is None or buddy._actor_id != self._buddy._actor_id):
+            try:
+                ray.get(self._buddy.drop_replicas.remote(self.job))
+            except ray.exceptions.RayActorError:
+                pass  # it died, and the copies with it
+        self._buddy = buddy
+        if buddy is None:
+            return
+        copy = trainer.replica.remote(self.job, TRAIN, self.epoch, token)
+        try:
+            ray.get(buddy.keep_replica.remote(self.job, TRAIN, completed, copy))
+        except (ResidencyExceeded, ray.exceptions.RayActorError):
+            self._buddy = None  # no room for it, or the buddy died: no copy of the job is held
+
+    def level_rollouts(self) -> None:
+        """Give every rollout node the restored trainer's weights before the first rollout:
+        a rollout that survived, or was rebuilt, may hold older ones."""
+        trainer = self.workers_of(TRAIN)[0]
+        self._deliver(trainer.weights_of.remote(self.job, self.epoch))
 
     def report(self, metrics: dict[str, float], iteration: int | None = None) -> dict[str, float]:
         """Tell the control plane how the job is doing (default: the iteration just trained);

@@ -4,6 +4,11 @@ A worker never tears a role down between phases: roles sleep in host memory and 
 when their job is granted the node. Host memory used by sleeping roles is accounted per
 node and the residency limit is enforced when a role is loaded.
 
+Replicas: a job that asks for them (``replicas: 1``) leaves a copy of its sleeping trainer
+on a standby worker of the pool after every training phase (its buddy), counted in that
+worker's host memory. When the trainer's node dies, the standby that takes the node over
+already holds the job's state; a restarted job whose role survived keeps it as it is.
+
 Fencing: every wake carries the grant's token, and the worker remembers the highest token
 it has seen. A wake with an older token, or a call from anyone but the holder of the
 newest one, is refused with :class:`StaleEpoch`; a role of an older epoch of its job is
@@ -67,6 +72,9 @@ class PoolWorker:
         """Wide roles' places in their process groups (see :mod:`rollmux.runtime.ranks`)."""
         self.stores: dict[RoleKey, Any] = {}
         """Rendezvous stores this worker serves as rank 0 of a wide role."""
+        self.replicas: dict[RoleKey, tuple[int, Role]] = {}
+        """Copies of other nodes' sleeping roles (this worker is their buddy), each with the
+        iterations its job had completed when it was taken."""
         self.fence = 0
         self.awake: RoleKey | None = None
         self.running = threading.Lock()
@@ -76,9 +84,28 @@ class PoolWorker:
         """Serve node ``node_id`` from now on (a warm spare taking a node over)."""
         self.node_id = node_id
 
+    def warm_up(self) -> float:
+        """A sandbox phase on a throw-away role, so the first real switch onto this worker
+        (a standby taking a dead node over) finds the library's code paths, allocator and
+        threads warm; returns the seconds it took."""
+        import torch
+
+        from rollmux.runtime.state import RoleState
+
+        start = time.perf_counter()
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+        optimizer = torch.optim.Adam(model.parameters())
+        state = RoleState(model, optimizer)
+        model(torch.randn(8, 64, device=state.device)).square().mean().backward()
+        optimizer.step()
+        state.sleep()
+        state.wake()
+        return time.perf_counter() - start
+
     def reset(self) -> None:
-        """Empty the worker for its next node: every role and undelivered weight is dropped.
-        Epochs and the fence are kept, so a call from a job that was here is still refused."""
+        """Empty the worker for its next node: every role and undelivered weight is dropped
+        (replicas it keeps as a buddy stay: their jobs run elsewhere). Epochs and the fence
+        are kept, so a call from a job that was here is still refused."""
         with self.running, self.accounting:
             self.roles.clear()
             self.pending_weights.clear()
@@ -96,19 +123,94 @@ class PoolWorker:
             "pid": os.getpid(),
         }
 
-    def load(self, job: str, phase: str, epoch: int, factory: Callable[[], Role]) -> dict[str, float]:
-        """Cold start of a job's ``phase`` role for session ``epoch``: build it, then put it
-        to sleep in host memory. It replaces the roles of an older epoch of the same job."""
+    def load(
+        self, job: str, phase: str, epoch: int, factory: Callable[[], Role], keep: int | None = None
+    ) -> dict[str, Any]:
+        """Start of a job's ``phase`` role for session ``epoch``, put to sleep in host memory;
+        it replaces the roles of an older epoch of the same job. With ``keep`` (a restart of
+        a job with replicas: the iterations the control plane counted), the role of its last
+        session is kept where it survived here, else its replica is taken if this worker is
+        its buddy and the replica is that recent; otherwise the role is built (cold: from the
+        job's checkpoint). Says where the role came from."""
         self._check_epoch(job, epoch)
         start = time.perf_counter()
-        role = factory()
-        _sleep(role, "offload")  # a discarded role would have no weights to start from
+        role, source = (self._survivor(job, phase) if keep is not None else None), "kept"
+        replica = self.replicas.get((job, phase))
+        if role is None and keep is not None and replica is not None and replica[0] >= keep:
+            role, source = self.replicas.pop((job, phase))[1], "replica"
+        if role is None:
+            role, source = factory(), "built"
+            _sleep(role, "offload")  # a discarded role would have no weights to start from
         self._seat(job, phase, epoch, role, None)
-        return {"cold_s": time.perf_counter() - start, "host_bytes": float(_host_bytes(role))}
+        return {"source": source, "cold_s": time.perf_counter() - start, "host_bytes": float(_host_bytes(role))}
+
+    def _survivor(self, job: str, phase: str) -> Role | None:
+        """The job's role of its last session, asleep (a role a revoked grant left awake is
+        put to sleep once any call still running on it has finished)."""
+        with self.running:
+            role = self.roles.get((job, phase))
+            if role is not None and self.awake == (job, phase):
+                _sleep(role)
+                self.awake = None
+            return role
+
+    def replica(self, job: str, phase: str, epoch: int, token: int) -> Role:
+        """The job's role, asleep, for its buddy: Ray pickles it into the object store as it
+        is returned, so the buddy gets a copy and the role stays here. Only for the holder
+        of the phase's grant, after its sleep: the copy is of a finished phase."""
+        with self.running:
+            self._check_epoch(job, epoch, exact=True)
+            if token != self.fence or self.awake is not None:
+                raise StaleEpoch(f"node {self.node_id}: grant {token} of {job} no longer holds it")
+            role = self._role((job, phase))
+            if role.state.awake:
+                raise PhaseNotGranted(f"{job}'s {phase} role is awake on node {self.node_id}: copy it asleep")
+            return role
+
+    def keep_replica(self, job: str, phase: str, completed: int, role: Role) -> int:
+        """Keep a copy of the job's sleeping role, taken after ``completed`` iterations, in
+        place of any older one; refused (and the older one dropped too, so a restart never
+        takes a replica older than the job's other roles) when host memory has no room."""
+        with self.accounting:
+            held = self.replicas.get((job, phase))
+            if held is not None and held[0] > completed:
+                raise StaleWeights(f"node {self.node_id}: {job}'s replica of {completed} iterations, holds {held[0]}")
+            self.replicas[(job, phase)] = (completed, role)
+            try:
+                self._check_residency(f"keeping {job}'s {phase} replica")
+            except ResidencyExceeded:
+                del self.replicas[(job, phase)]
+                raise
+        return _host_bytes(role)
+
+    def drop_replicas(self, job: str) -> None:
+        with self.accounting:
+            for key in [k for k in self.replicas if k[0] == job]:
+                del self.replicas[key]
+
+    def progress(self, job: str, phase: str, epoch: int) -> list[dict[str, float]] | None:
+        """Every iteration's metrics the job's (trainer) role has recorded: where a restarted
+        job resumes when its trainer was kept or came from a replica (None: the role keeps
+        no history, so it cannot say)."""
+        self._check_epoch(job, epoch, exact=True)
+        history = getattr(self._role((job, phase)), "history", None)
+        return None if history is None else list(history)
+
+    def weights_of(self, job: str, epoch: int) -> tuple[int, Any]:
+        """The job's sleeping trainer's weights, for rollouts that must be brought level with
+        a trainer restored from a replica. Reads host memory only, so it runs beside another
+        job's phase."""
+        self._check_epoch(job, epoch, exact=True)
+        role = self._role((job, "train"))
+        if role.state.awake:
+            raise PhaseNotGranted(f"{job}'s trainer is awake on node {self.node_id}")
+        return role.weights()  # type: ignore[attr-defined]
 
     def unload(self, job: str) -> None:
-        """Drop every role of the job from this node."""
+        """Drop every role (and replica) of the job from this node."""
         with self.accounting:
+            for key in [k for k in self.replicas if k[0] == job]:
+                del self.replicas[key]
             for key in [k for k in self.roles if k[0] == job]:
                 del self.roles[key]
                 self.ranks.pop(key, None)
@@ -155,6 +257,7 @@ class PoolWorker:
         """
         self._check_epoch(job, epoch, exact=True)
         self._role((job, ROLLOUT))
+        failpoint("sync:deliver")
         version, weights = published
         with self.accounting:
             waiting = self.pending_weights.get(job)
@@ -180,6 +283,7 @@ class PoolWorker:
                     f"{job}'s {phase} role on node {self.node_id} was discarded and got no weights since"
                 )
             self._check_holder(job, phase, epoch, token)
+            failpoint(f"call:{method}")
             from rollmux.runtime.ranks import ALONE, serving
 
             with serving(self.ranks.get((job, phase), ALONE)):
@@ -237,8 +341,10 @@ class PoolWorker:
 
     def host_bytes(self) -> int:
         """Every byte the node's jobs keep in its host memory: each role's host copy (the
-        optimizer's state included once it exists) and weights delivered but not applied yet."""
-        roles, pending = list(self.roles.values()), list(self.pending_weights.values())
+        optimizer's state included once it exists), replicas it keeps as a buddy, and
+        weights delivered but not applied yet."""
+        roles = [*self.roles.values(), *(role for _, role in self.replicas.values())]
+        pending = list(self.pending_weights.values())
         return sum(_host_bytes(role) for role in roles) + sum(payload_bytes(w) for _, w in pending)
 
     def _check_residency(self, doing: str) -> None:
@@ -257,8 +363,10 @@ class PoolWorker:
             if self.epochs.get(job, epoch) != epoch:  # a newer session: the older one's roles go
                 for key in [k for k in self.roles if k[0] == job]:
                     del self.roles[key]
-            used = sum(_host_bytes(r) for k, r in self.roles.items() if k != (job, phase)) + sum(
-                payload_bytes(weights) for j, (_, weights) in self.pending_weights.items() if j != job
+            used = (
+                sum(_host_bytes(r) for k, r in self.roles.items() if k != (job, phase))
+                + sum(_host_bytes(r) for _, r in self.replicas.values())
+                + sum(payload_bytes(weights) for j, (_, weights) in self.pending_weights.items() if j != job)
             )
             if used + needed > self.host_limit_bytes:
                 raise ResidencyExceeded(

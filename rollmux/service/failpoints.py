@@ -15,10 +15,15 @@ import signal
 
 VARIABLE = "ROLLMUX_FAILPOINT"
 ONCE_VARIABLE = "ROLLMUX_FAILPOINT_ONCE"
+SKIP_VARIABLE = "ROLLMUX_FAILPOINT_SKIP"
+_passed: dict[str, int] = {}
 
 
 def failpoint(name: str) -> None:
-    if os.environ.get(VARIABLE) == name and _first_anywhere():
+    if os.environ.get(VARIABLE) != name:
+        return
+    _passed[name] = _passed.get(name, 0) + 1
+    if _passed[name] > int(os.environ.get(SKIP_VARIABLE, "0")) and _first_anywhere():
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,0 +1,105 @@
+"""Node failures on a real ``rollmux serve`` with Ray: a worker process SIGKILLed in the
+middle of a run (in a training step, or while it receives a weight sync) costs its two
+multiplexed jobs a restart, not a step: the standby takes the node over with the
+trainers' replicas, and both jobs' losses and rewards stay those of a run alone."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from rollmux.jobs.grpo import GRPOConfig, run_alone
+from rollmux.service.client import Client
+from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
+from tests.service_process import ServiceProcess
+from tests.test_recovery import no_node_runs_two_jobs, wait_until
+
+SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
+ITERATIONS = 40
+SEEDS = {"a": 0, "b": 1}
+
+
+def serve(tmp_path, failpoint: str, skip: int, standby: int) -> ServiceProcess:
+    """A service on two units per pool (a node and a standby each), whose workers SIGKILL
+    themselves once, at the ``skip + 1``-th pass of ``failpoint`` in one process."""
+    os.environ.update({VARIABLE: failpoint, ONCE_VARIABLE: str(tmp_path / "killed"), SKIP_VARIABLE: str(skip)})
+    arguments = ("--rollout-nodes", "2", "--train-nodes", "2", "--lease-s", "5", "--no-regroup", "--no-slo-guard")
+    try:
+        return ServiceProcess(tmp_path / "state", extra=(*arguments, "--standby", str(standby))).start(120)
+    finally:
+        for variable in (VARIABLE, ONCE_VARIABLE, SKIP_VARIABLE):
+            os.environ.pop(variable, None)
+
+
+def run_two_jobs(service: ServiceProcess, replicas: int, checkpoint_every: int) -> tuple[Client, dict[str, dict]]:
+    api = Client(service.url, service.token)
+    jobs = [
+        {
+            "name": name,
+            "kind": "grpo",
+            "iterations": ITERATIONS,
+            "slo": 3.0,
+            "replicas": replicas,
+            "checkpoint_every": checkpoint_every,
+            "grpo": {"seed": seed, **SMALL},
+        }
+        for name, seed in SEEDS.items()
+    ]
+    api.request("POST", "/v1/plans", json={"jobs": jobs})
+    views = wait_until(lambda: all_ended(api), timeout_s=300)
+    return api, views
+
+
+def all_ended(api: Client) -> dict[str, dict]:
+    views = {n: api.request("GET", f"/v1/jobs/{n}") for n in SEEDS}
+    return views if all(v["state"] in ("done", "failed", "cancelled") for v in views.values()) else {}
+
+
+def resumed_at(api: Client, name: str) -> int:
+    running = [e for e in api.request("GET", f"/v1/jobs/{name}/events") if e["kind"] == "running"]
+    return int(re.search(r"from iteration (\d+)", running[-1]["detail"]).group(1))
+
+
+def as_if_alone(api: Client) -> None:
+    for name, seed in SEEDS.items():
+        served = [(m["loss"], m["reward"]) for m in api.request("GET", f"/v1/jobs/{name}/metrics")]
+        alone = [(m["loss"], m["reward"]) for m in run_alone(GRPOConfig(seed=seed, **SMALL), ITERATIONS)]
+        assert served == alone, name
+
+
+def test_a_trainer_killed_mid_step_fails_over_to_the_standby_with_its_replica_and_loses_no_step(tmp_path):
+    killed_step = 25  # 50 training steps of the two jobs pass; the 51st is killed, well after the standbys are up
+    service = serve(tmp_path, "call:train", 2 * killed_step, standby=1)
+    try:
+        api, views = run_two_jobs(service, replicas=1, checkpoint_every=1000)
+        assert {v["state"] for v in views.values()} == {"done"}, views
+        assert {v["restarts"] for v in views.values()} == {1}
+        log = api.phase_log()
+        revoked = [e for e in log if e["outcome"] == "revoked" and e["phase"] == "train"]
+        assert revoked, log
+        for name in SEEDS:  # no checkpoint since the start: only the replicas hold the progress
+            trained = [e["iteration"] for e in log if e["job"] == name and e["phase"] == "train"]
+            assert resumed_at(api, name) >= killed_step - 1
+            assert sorted(set(trained)) == list(range(ITERATIONS))
+        as_if_alone(api)
+        no_node_runs_two_jobs(log)
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize(("standby", "replicas"), [(1, 1), (0, 0)], ids=["standby-and-replicas", "cold"])
+def test_a_rollout_worker_killed_while_receiving_a_weight_sync_leaves_both_jobs_recoverable(
+    tmp_path, standby, replicas
+):
+    service = serve(tmp_path, "sync:deliver", 2 * 20, standby=standby)
+    try:
+        api, views = run_two_jobs(service, replicas=replicas, checkpoint_every=3)
+        assert {v["state"] for v in views.values()} == {"done"}, views
+        assert (tmp_path / "killed").exists()
+        assert sum(v["restarts"] for v in views.values()) >= 1
+        as_if_alone(api)
+        no_node_runs_two_jobs(api.phase_log())
+    finally:
+        service.stop()
