@@ -186,7 +186,8 @@ def simulate(
     out.print(fluid_line(result), highlight=False)
     if failure_model:
         out.print(failures_table(result))
-        out.print(failures_line(result), highlight=False)
+        for line in failures_lines(result):
+            out.print(line, highlight=False)
     report = result.to_json()
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -314,16 +315,15 @@ def failures_table(result: Comparison) -> Table:
     return table
 
 
-def failures_line(result: Comparison) -> str:
+def failures_lines(result: Comparison) -> list[str]:
     """Jobs interrupted per policy and, with replicas, how long each policy's pools lacked
     the DRAM for a buddy copy of every resident state (placement does not reserve it)."""
-    runs = result.with_failures.values()
-    interruptions = " ".join(f"{r.policy}={r.failures.interruptions}" for r in runs if r.failures)
-    line = f"jobs interrupted: {interruptions}"
+    accounts = {name: run.failures for name, run in result.with_failures.items() if run.failures}
+    lines = ["jobs interrupted: " + " ".join(f"{name}={a.interruptions}" for name, a in accounts.items())]
     if result.failure_model and result.failure_model.replicas:
-        unfit = " ".join(f"{r.policy}={r.failures.replicas_unfit_s / 3600:.1f}h" for r in runs if r.failures)
-        line += f"; pool DRAM short of a buddy copy of every state: {unfit} (not checked by placement)"
-    return line
+        unfit = " ".join(f"{name}={a.replicas_unfit_s / 3600:.1f}h" for name, a in accounts.items())
+        lines.append(f"pool DRAM short of a buddy copy of every state (placement does not reserve it): {unfit}")
+    return lines
 
 
 def fluid_line(result: Comparison) -> str:
