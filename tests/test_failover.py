@@ -6,11 +6,14 @@ trainers' replicas, and both jobs' losses and rewards stay those of a run alone.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 
 import pytest
 
-from rollmux.jobs.grpo import GRPOConfig, run_alone
+from rollmux.core.errors import ResidencyExceeded, StaleWeights
+from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, run_alone
+from rollmux.runtime.workers import PoolWorker
 from rollmux.service.client import Client
 from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
 from tests.service_process import ServiceProcess
@@ -19,6 +22,63 @@ from tests.test_recovery import no_node_runs_two_jobs, wait_until
 SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
 ITERATIONS = 40
 SEEDS = {"a": 0, "b": 1}
+
+
+def trained_worker(node: int, limit: int = 2**30) -> PoolWorker:
+    """A training worker on which job ``a`` ran one iteration (its trainer asleep)."""
+    worker = PoolWorker(pool="train", host_limit_bytes=limit)
+    worker.assign(node)
+    config = GRPOConfig(**SMALL)
+    worker.load("a", "train", 1, lambda: GRPOTrainer(config))
+    worker.wake("a", "train", 1, 1)
+    worker.call("a", "train", 1, 1, "train", GRPORollout(config).generate(0))
+    worker.sleep("a", "train", 1, 1)
+    return worker
+
+
+def test_a_buddy_keeps_the_newest_replica_counted_in_its_host_memory_and_hands_it_over():
+    worker = trained_worker(0)
+    copy = pickle.loads(pickle.dumps(worker.replica("a", "train", 1, 1)))  # as Ray ships it
+    buddy = PoolWorker(pool="train", host_limit_bytes=2**30)
+    empty = buddy.host_bytes()
+    buddy.keep_replica("a", "train", 1, copy)
+    assert buddy.host_bytes() - empty == worker.host_bytes() > 0
+    with pytest.raises(StaleWeights):
+        buddy.keep_replica("a", "train", 0, copy)
+    buddy.assign(0)  # the buddy takes the dead node over; the job restarts in epoch 2
+    loaded = buddy.load("a", "train", 2, lambda: pytest.fail("built"), keep=1)
+    assert loaded["source"] == "replica" and buddy.progress("a", "train", 2) == worker.progress("a", "train", 1)
+    assert not buddy.replicas
+
+
+def test_a_replica_older_than_the_iterations_the_control_plane_counted_is_not_taken():
+    buddy = PoolWorker(pool="train", host_limit_bytes=2**30)
+    buddy.keep_replica("a", "train", 1, trained_worker(0).replica("a", "train", 1, 1))
+    fresh = GRPOTrainer(GRPOConfig(**SMALL))
+    assert buddy.load("a", "train", 2, lambda: fresh, keep=2)["source"] == "built"
+    assert buddy.roles[("a", "train")] is fresh
+
+
+def test_a_replica_without_room_is_refused_and_the_older_one_dropped():
+    worker = trained_worker(0)
+    copy = worker.replica("a", "train", 1, 1)
+    buddy = PoolWorker(pool="train", host_limit_bytes=worker.host_bytes() + 1024)
+    buddy.keep_replica("a", "train", 1, copy)
+    with pytest.raises(ResidencyExceeded, match="keeping b's train replica"):
+        buddy.keep_replica("b", "train", 1, pickle.loads(pickle.dumps(copy)))
+    assert list(buddy.replicas) == [("a", "train")]
+    buddy.host_limit_bytes = worker.host_bytes() // 2  # the next copy no longer fits: a restart must not
+    with pytest.raises(ResidencyExceeded):  # find the older one, behind the weights about to be sent
+        buddy.keep_replica("a", "train", 2, copy)
+    assert not buddy.replicas
+
+
+def test_a_restarted_job_keeps_its_surviving_trainer_asleep_even_if_a_revoked_grant_left_it_awake():
+    worker = trained_worker(0)
+    worker.wake("a", "train", 1, 2)  # its driver died holding the phase
+    loaded = worker.load("a", "train", 2, lambda: pytest.fail("built"), keep=1)
+    assert loaded["source"] == "kept" and worker.awake is None
+    assert not worker.roles[("a", "train")].state.awake and len(worker.progress("a", "train", 2)) == 1
 
 
 def serve(tmp_path, failpoint: str, skip: int, standby: int) -> ServiceProcess:

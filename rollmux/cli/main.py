@@ -499,6 +499,11 @@ def replay(
     ] = 1.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write realised and simulated figures here")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the state and timeline.json")] = Path("out/replay"),
+    kill_every: Annotated[
+        float | None,
+        typer.Option(min=0.5, max=86400, help="SIGKILL a random node's worker every S wall seconds (seeded by --seed)"),
+    ] = None,
+    standby: Annotated[int, typer.Option(min=0, max=64, help="Standby workers kept per pool")] = 8,
 ) -> None:
     """Replay a trace on the live system (control plane, local Ray, one emulated job per
     trace job) in time divided by K, next to the simulator's run of the same trace."""
@@ -510,7 +515,8 @@ def replay(
         if not 0 <= hours[0] < hours[1]:
             raise ValueError(f"--window: {hours[0]} to {hours[1]} hours is not a window")
         loaded = window(loaded, *hours)
-    report = execute(loaded, ReplayOptions(time_scale, mib_per_gb), out_dir, out, seed, planning, regroup, slo_guard)
+    options = ReplayOptions(time_scale, mib_per_gb, spare_workers=standby, kill_every_s=kill_every, kill_seed=seed)
+    report = execute(loaded, options, out_dir, out, seed, planning, regroup, slo_guard)
     if json_out:
         write(report, json_out)
         out.print(f"results: {json_out}")

@@ -133,6 +133,17 @@ def agreement_table(report: dict[str, Any]) -> Table:
         real, sim = report["realised"][key], report["simulated"][key]
         table.add_row(key, f"{real:,.3f}", f"{sim:,.3f}", f"{real / sim:.3f}" if sim else "-")
     table.add_row("overlaps", str(len(report["overlaps"])), "0", "")
+    realised = report["realised"]
+    if realised["kills"]:
+        mean, worst = realised["recovery_downtime_s_mean"], realised["recovery_downtime_s_max"]
+        table.add_row(
+            "workers killed / jobs recovered",
+            f"{realised['kills']} / {len(realised['recoveries'])}",
+            "",
+            "",
+        )
+        table.add_row("recovery downtime s (mean, max)", "-" if mean is None else f"{mean:.3f}, {worst:.3f}", "", "")
+        table.add_row("steps lost", str(realised["recovery_steps_lost"]), "", "")
     return table
 
 

@@ -355,9 +355,10 @@ class ControlState:
         self._event(name, now, "session", f"epoch {job.epoch} {driver}".strip())
         return job
 
-    def activate(self, name: str, epoch: int, iteration: int | None, now: float) -> Job:
+    def activate(self, name: str, epoch: int, iteration: int | None, now: float, restored: str | None = None) -> Job:
         """The job's roles are loaded: it joins its group's turns, resuming at ``iteration``
-        (its last checkpoint; None keeps the count the control plane has)."""
+        (its last checkpoint; None keeps the count the control plane has); ``restored`` says
+        where its trainer came from, for the event."""
         job = self._session(name, epoch, now)
         if job.state == RUNNING:
             return job
@@ -367,7 +368,8 @@ class ControlState:
         group = self.cluster.group_of(name)
         self._rebuild_turns(group)
         self._touch(job)
-        self._event(name, now, "running", f"epoch {epoch} from iteration {job.iteration}")
+        source = f" (trainer: {restored})" if restored else ""
+        self._event(name, now, "running", f"epoch {epoch} from iteration {job.iteration}{source}")
         self._grant_due(group, now)
         return job
 

@@ -81,9 +81,10 @@ def drive(url: str, token: str, job: str) -> str:
         program = load_program(spec.callable_path, context)
         nodes = {ROLLOUT: turns.info["rollout_nodes"], TRAIN: turns.info["train_nodes"]}
         workers = {node: worker_of(node) for phase_nodes in nodes.values() for node in phase_nodes}
-        restored = _load_roles(turns, program, nodes, workers, spec.replicas > 0)
+        restored, source = _load_roles(turns, program, nodes, workers, spec.replicas > 0)
         resume = getattr(program, "resume_from", None)
-        turns.activate(len(restored) if restored is not None else resume() if resume else None)
+        iteration = len(restored) if restored is not None else resume() if resume else None
+        turns.activate(iteration, source if iteration else None)
         session = Session(turns, workers, spec.replicas > 0, restored)
         attach(session)
         program.run(session)
@@ -104,12 +105,12 @@ def drive(url: str, token: str, job: str) -> str:
 
 def _load_roles(
     turns: TurnSession, program: Any, nodes: dict[str, list[int]], workers: dict[int, Any], replicas: bool
-) -> list[dict[str, float]] | None:
+) -> tuple[list[dict[str, float]] | None, str]:
     """Put the job's roles on its nodes' workers for this session. A job with replicas
     keeps its trainer where it survived, or takes it from its replica on the buddy that now
     serves the node; its rollouts are kept too, as they cannot be ahead of that trainer.
-    Returns the restored trainer's metrics of every iteration (where the job resumes), or
-    None when the trainer was built from the checkpoint: then every role is."""
+    Returns the restored trainer's metrics of every iteration (where the job resumes) and
+    where it came from, or None and "checkpoint" when it was built: then every role is."""
 
     def load(phases: tuple[str, ...], keep: int | None) -> list[dict[str, Any]]:
         loads = [
@@ -120,13 +121,14 @@ def _load_roles(
         return ray.get(loads)
 
     keep = turns.iteration if replicas and len(nodes[TRAIN]) == 1 else None
-    if keep is not None and load((TRAIN,), keep)[0]["source"] != "built":
+    source = load((TRAIN,), keep)[0]["source"] if keep is not None else "built"
+    if source != "built":
         history = ray.get(workers[nodes[TRAIN][0]].progress.remote(turns.job, TRAIN, turns.epoch))
         if history is not None:
             load((ROLLOUT,), keep)
-            return history
+            return history, source
     load((TRAIN, ROLLOUT), None)
-    return None
+    return None, "checkpoint"
 
 
 def start_host(capacity: int) -> tuple[str, ray.actor.ActorHandle]:

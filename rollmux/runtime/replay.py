@@ -7,15 +7,24 @@ resident memory scaled down) and cancelled at its departure. What the live syste
 read back from the control plane — the node log (cost), the phase log (iteration periods,
 overlaps), the job events — and measured in trace time, so it can stand next to the
 simulator's run of the same trace.
+
+With ``kill_every_s``, a seeded random node's worker process is SIGKILLed on that schedule
+(wall seconds) while the trace runs; every kill's recovery — each job it interrupted, its
+downtime and the iterations it had to train again — is read back from the same logs.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
+import random
 import re
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +55,11 @@ class ReplayOptions:
     """Emulated jobs need no isolation from each other: many drivers share a warm process,
     so a job starts without a process start (seconds of CPU, a long while of trace time)."""
     spare_workers: int = 8
-    """Empty workers kept per pool, so readying a node does not start a process either."""
+    """Standby workers kept per pool: readying a node does not start a process either, and
+    a node whose worker is killed is taken over by one."""
+    kill_every_s: float | None = None
+    """SIGKILL a random node's worker every this many wall seconds (None: never)."""
+    kill_seed: int = 0
 
 
 def window(trace: Trace, start_h: float, end_h: float) -> Trace:
@@ -109,6 +122,62 @@ class ReplayLog:
     cpu_s: float = 0.0
     """CPU time the live system used while the trace ran: this process (the control plane)
     and every process it started (Ray, its workers and drivers) that was still alive."""
+    kills: list[Kill] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One injected failure: the node whose worker process was SIGKILLed, when (wall time),
+    and the jobs of its group then."""
+
+    at: float
+    node: int
+    pool: str
+    pid: int
+    jobs: tuple[str, ...]
+
+
+class Killer:
+    """Kills a seeded random node's worker on a schedule, from a thread of the replay."""
+
+    def __init__(self, client: Client, every_s: float, seed: int):
+        self.client, self.every_s, self.rng = client, every_s, random.Random(seed)
+        self.kills: list[Kill] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="killer", daemon=True)
+
+    def __enter__(self) -> Killer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            kill = self.kill_one()
+            if kill is not None:
+                self.kills.append(kill)
+
+    def kill_one(self) -> Kill | None:
+        """SIGKILL the worker process of a random held node (None: no node is held)."""
+        import ray
+
+        from rollmux.runtime.nodes import worker_of
+
+        nodes = self.client.request("GET", "/v1/nodes")
+        if not nodes:
+            return None
+        node = self.rng.choice(nodes)
+        groups = {g["id"]: g for g in self.client.request("GET", "/v1/groups")}
+        jobs = tuple(j["name"] for j in groups.get(node["group_id"], {"jobs": []})["jobs"])
+        try:
+            pid = ray.get(worker_of(node["id"]).where.remote(), timeout=10)["pid"]
+            os.kill(pid, signal.SIGKILL)
+        except (ValueError, ProcessLookupError, ray.exceptions.RayError):
+            return None  # released, or dead already, meanwhile
+        return Kill(time.time(), node["id"], node["pool"], pid, jobs)
 
 
 def system_cpu_s() -> float:
@@ -137,18 +206,20 @@ def run(
     )
     began, cpu = time.time(), system_cpu_s()
     shown = 0.0
-    for at, arriving, job in happenings:
-        due = began + at / options.time_scale
-        while (pause := due - time.time()) > 0:
-            time.sleep(min(pause, tick_s))
-            if on_progress and time.time() - shown >= tick_s:
-                shown = time.time()
-                on_progress((shown - began) * options.time_scale, client.request("GET", "/v1/cluster"))
-        if arriving:
-            client.request("POST", "/v1/jobs", json=submission(job.spec, options))
-        else:
-            _depart(client, job.spec.name)
-    log = ReplayLog(began, time.time(), cpu_s=system_cpu_s() - cpu)
+    killer = Killer(client, options.kill_every_s, options.kill_seed) if options.kill_every_s else None
+    with killer or _nothing():
+        for at, arriving, job in happenings:
+            due = began + at / options.time_scale
+            while (pause := due - time.time()) > 0:
+                time.sleep(min(pause, tick_s))
+                if on_progress and time.time() - shown >= tick_s:
+                    shown = time.time()
+                    on_progress((shown - began) * options.time_scale, client.request("GET", "/v1/cluster"))
+            if arriving:
+                client.request("POST", "/v1/jobs", json=submission(job.spec, options))
+            else:
+                _depart(client, job.spec.name)
+    log = ReplayLog(began, time.time(), cpu_s=system_cpu_s() - cpu, kills=killer.kills if killer else [])
     names = [job.spec.name for job in trace.jobs]
     log.node_log = _pages(client, "/v1/nodes/log")
     log.moves = _pages(client, "/v1/moves")
@@ -156,6 +227,11 @@ def run(
     log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
     log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
     return log
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _depart(client: Client, name: str) -> None:
@@ -202,6 +278,52 @@ def realised(trace: Trace, log: ReplayLog, options: ReplayOptions, cost: CostMod
         "cpu_ms_per_phase": 1000 * log.cpu_s / len(log.phase_log) if log.phase_log else float("nan"),
         "cost_rate": _cost_rate(log, k, cost),
         **_migrations(log, k),
+        **_recoveries(log, k),
+    }
+
+
+def _recoveries(log: ReplayLog, k: float) -> dict[str, Any]:
+    """Every injected kill and, for each job of the node's group that it interrupted (the
+    job lost its session after the kill, before the next one): the downtime from the kill
+    to the job's first phase granted after it resumed (wall seconds, and trace seconds),
+    the iteration it resumed from and the iterations it had trained before and lost."""
+    found = []
+    for index, kill in enumerate(log.kills):
+        until = log.kills[index + 1].at if index + 1 < len(log.kills) else log.ended
+        for job in kill.jobs:
+            recovery = _recovery(log, job, kill.at, until, k)
+            if recovery is not None:
+                found.append(
+                    {"node": kill.node, "pool": kill.pool, "at_h": (kill.at - log.began) * k / HOUR, **recovery}
+                )
+    downtimes = [r["downtime_s"] for r in found if r["downtime_s"] is not None]
+    return {
+        "kills": len(log.kills),
+        "recoveries": found,
+        "recovery_downtime_s_mean": statistics.fmean(downtimes) if downtimes else None,
+        "recovery_downtime_s_max": max(downtimes, default=None),
+        "recovery_steps_lost": sum(r["steps_lost"] for r in found),
+    }
+
+
+def _recovery(log: ReplayLog, job: str, killed: float, until: float, k: float) -> dict[str, Any] | None:
+    events = log.events.get(job, [])
+    lost = next((e for e in events if e["kind"] == "lost" and killed <= e["at"] < until), None)
+    if lost is None:
+        return None  # the kill did not interrupt it (it had left, or never touched the node again)
+    resumed = next((e for e in events if e["kind"] == "running" and e["at"] >= lost["at"]), None)
+    phases = [e for e in log.phase_log if e["job"] == job]
+    trained = {e["iteration"] for e in phases if e["phase"] == "train" and e["outcome"] == "released"}
+    done_before = len({i for i in trained if any(e["iteration"] == i and e["ended_at"] <= killed for e in phases)})
+    match = re.search(r"from iteration (\d+)", resumed["detail"]) if resumed else None
+    back = min((e["granted_at"] for e in phases if resumed and e["granted_at"] >= resumed["at"]), default=None)
+    return {
+        "job": job,
+        "resumed_from": int(match.group(1)) if match else None,
+        "steps_lost": done_before - int(match.group(1)) if match else done_before,
+        "downtime_s": back - killed if back is not None else None,
+        "downtime_trace_s": (back - killed) * k if back is not None else None,
+        "how": resumed["detail"] if resumed else "did not resume before it left",
     }
 
 

@@ -138,6 +138,9 @@ class EpochBody(_Body):
 
 class ActivateBody(EpochBody):
     iteration: int | None = Field(default=None, ge=0, le=10**9, description="resume here (its last checkpoint)")
+    restored: Literal["checkpoint", "kept", "replica"] | None = Field(
+        default=None, description="where its trainer's state came from (shown in the job's events)"
+    )
 
 
 class ReleaseBody(EpochBody):
@@ -424,7 +427,7 @@ def create_app(control: ControlPlane, token: str) -> Any:
     async def activate_job(name: JobName, body: ActivateBody) -> dict[str, Any]:
         """The job's roles are loaded: it joins its group's round-robin."""
         with _errors_as_http():
-            return await control.activate(name, body.epoch, body.iteration)
+            return await control.activate(name, body.epoch, body.iteration, body.restored)
 
     @app.post("/v1/jobs/{name}/heartbeat", response_model=Lease, responses=one)
     async def heartbeat(name: JobName, body: EpochBody) -> JSONResponse:

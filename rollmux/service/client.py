@@ -169,9 +169,11 @@ class TurnSession:
         )
         self._heartbeat.start()
 
-    def activate(self, iteration: int | None = None) -> dict[str, Any]:
-        """Join the group's turns, resuming at ``iteration`` (None: where the control plane counts)."""
-        view = self._post("activate", {"epoch": self.epoch, "iteration": iteration})
+    def activate(self, iteration: int | None = None, restored: str | None = None) -> dict[str, Any]:
+        """Join the group's turns, resuming at ``iteration`` (None: where the control plane
+        counts); ``restored`` says where the trainer came from (checkpoint, kept, replica)."""
+        body = {"epoch": self.epoch, "iteration": iteration} | ({"restored": restored} if restored else {})
+        view = self._post("activate", body)
         self.iteration = view["iterations"]
         return view
 

@@ -282,9 +282,11 @@ class ControlPlane:
             "checkpoint": str(self.options.checkpoint_dir / f"{name}.pt"),
         }
 
-    async def activate(self, name: str, epoch: int, iteration: int | None) -> dict[str, Any]:
+    async def activate(
+        self, name: str, epoch: int, iteration: int | None, restored: str | None = None
+    ) -> dict[str, Any]:
         await self._live(name)
-        self.state.activate(name, epoch, iteration, self.clock())
+        self.state.activate(name, epoch, iteration, self.clock(), restored)
         await self._persist()
         return await self.view(name)
 
