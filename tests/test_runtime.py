@@ -21,7 +21,7 @@ from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
 from rollmux.runtime.executor import RayExecutor
 from rollmux.runtime.launch import RunResult, run_plan
-from rollmux.runtime.nodes import NodeProvisioner, worker_of
+from rollmux.runtime.nodes import NodeProvisioner, standby_of, worker_of
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.warm import WarmOptions
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
@@ -267,18 +267,22 @@ def test_a_released_nodes_worker_serves_the_next_node_of_its_pool(local_ray):
 
 
 def test_a_restarted_executor_finds_the_drivers_and_spare_workers_that_outlived_it(local_ray):
-    before = RayExecutor(2**30, warm=WarmOptions(drivers_per_process=4, spare_workers=1))
+    warm = WarmOptions(drivers_per_process=4, spare_workers=1, standby_workers=1)
+    before = RayExecutor(2**30, warm=warm)
     before.connect("http://127.0.0.1:9", "token")  # nobody answers: the driver keeps retrying its session
     asyncio.run(before.warm_up())
     asyncio.run(before.start_driver("a", 3))
     host = before.drivers["a"][1].handle
     wait_until(lambda: ray.get(host.drivers.remote()) == {"a": 3})
     spare = before.nodes.spares[Pool.ROLLOUT][0].name
-    after = RayExecutor(2**30, warm=WarmOptions(drivers_per_process=4, spare_workers=1))
+    standby = before.nodes.standbys[Pool.TRAIN][0].name
+    after = RayExecutor(2**30, warm=warm)
     try:
         assert asyncio.run(after.driver_alive("a", 3)) and not asyncio.run(after.driver_alive("a", 2))
         assert asyncio.run(after.driver_pid("a")) == asyncio.run(before.driver_pid("a"))
         assert [s.name for s in after.nodes.spares[Pool.ROLLOUT]] == [spare]
+        assert [s.name for s in after.nodes.standbys[Pool.TRAIN]] == [standby]
+        assert standby_of(Pool.TRAIN)._actor_id == after.nodes.standbys[Pool.TRAIN][0].worker._actor_id
     finally:
         asyncio.run(before.close())
 

@@ -503,7 +503,7 @@ def replay(
         float | None,
         typer.Option(min=0.5, max=86400, help="SIGKILL a random node's worker every S wall seconds (seeded by --seed)"),
     ] = None,
-    standby: Annotated[int, typer.Option(min=0, max=64, help="Standby workers kept per pool")] = 8,
+    standby: Annotated[int, typer.Option(min=0, max=64, help="Standby workers kept per pool for dead nodes")] = 0,
 ) -> None:
     """Replay a trace on the live system (control plane, local Ray, one emulated job per
     trace job) in time divided by K, next to the simulator's run of the same trace."""
@@ -515,7 +515,7 @@ def replay(
         if not 0 <= hours[0] < hours[1]:
             raise ValueError(f"--window: {hours[0]} to {hours[1]} hours is not a window")
         loaded = window(loaded, *hours)
-    options = ReplayOptions(time_scale, mib_per_gb, spare_workers=standby, kill_every_s=kill_every, kill_seed=seed)
+    options = ReplayOptions(time_scale, mib_per_gb, standby_workers=standby, kill_every_s=kill_every, kill_seed=seed)
     report = execute(loaded, options, out_dir, out, seed, planning, regroup, slo_guard)
     if json_out:
         write(report, json_out)
@@ -579,14 +579,11 @@ def serve(
         int, typer.Option(min=0, max=4096, help="Drivers the started driver processes can still take at once")
     ] = 0,
     spare_workers: Annotated[
+        int, typer.Option(min=0, max=1024, help="Empty workers kept started per pool for the next nodes")
+    ] = 0,
+    standby: Annotated[
         int,
-        typer.Option(
-            "--spare-workers",
-            "--standby",
-            min=0,
-            max=1024,
-            help="Standby workers kept warm per pool: they take over dead nodes, keep replicas, serve new nodes",
-        ),
+        typer.Option(min=0, max=64, help="Standby workers per pool: they keep jobs' replicas and take dead nodes over"),
     ] = 0,
 ) -> None:
     """Run the control plane: places jobs, runs their drivers on Ray, grants their phases."""
@@ -612,7 +609,7 @@ def serve(
         advertise_url=advertise_url,
         regroup=RegroupConfig() if regroup else None,
         slo_guard=slo_guard,
-        warm=WarmOptions(drivers_per_process, spare_driver_slots, spare_workers),
+        warm=WarmOptions(drivers_per_process, spare_driver_slots, spare_workers, standby),
     )
     service = Service(options)
     err.print(f"RollMux control plane on {service.url} — token in {options.state_dir / 'token'}", highlight=False)

@@ -39,7 +39,9 @@ class RayExecutor:
         self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None, warm: WarmOptions | None = None
     ):
         self.warm = warm or WarmOptions()
-        self.nodes = NodeProvisioner(host_limit_bytes, gpus_per_node, self.warm.spare_workers)
+        self.nodes = NodeProvisioner(
+            host_limit_bytes, gpus_per_node, self.warm.spare_workers, self.warm.standby_workers
+        )
         self.drivers: dict[str, tuple[int, _Host, Any]] = {}
         """job -> (incarnation, its host, the task that ends with its driver; None if found after a restart)"""
         self.hosts: dict[str, _Host] = {}
@@ -77,10 +79,11 @@ class RayExecutor:
         if not self._discovered:
             await self._discover()
         await self._spare_hosts()
-        if self.warm.spare_workers:
+        if self.warm.spare_workers or self.warm.standby_workers:
             await asyncio.to_thread(self.nodes.top_up)
         idle = [h.handle.pid.remote() for h in self.hosts.values() if not h.drivers]
-        spares = [s.worker.where.remote() for pool in Pool for s in self.nodes.spares[pool]]
+        warm = itertools.chain(*self.nodes.spares.values(), *self.nodes.standbys.values())
+        spares = [s.worker.where.remote() for s in warm]
         await asyncio.gather(*idle, *spares)
 
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
@@ -90,15 +93,16 @@ class RayExecutor:
         self._keep_standbys()
 
     def _keep_standbys(self) -> None:
-        """Start standbys in the background where a pool has fewer than it keeps (a node
-        took one, or one took a dead node over), on units no node holds."""
-        short = any(len(spares) < self.warm.spare_workers for spares in self.nodes.spares.values())
-        if short and self._discovered and self._refill is None:
+        """Start standbys in the background where a pool has fewer than it keeps (one took a
+        dead node over), on units no node holds."""
+        if self.nodes.short_of_standbys() and self._discovered and self._refill is None:
             self._refill = asyncio.create_task(self._provision_standbys(), name="standby")
 
     async def _provision_standbys(self) -> None:
         try:
-            await asyncio.to_thread(self.nodes.top_up)
+            await asyncio.to_thread(self.nodes.top_up, False)
+        except Exception:  # noqa: BLE001 - Ray shutting down, or out of units: the next call tries again
+            log.warning("starting a standby failed", exc_info=True)
         finally:
             self._refill = None
 
@@ -201,7 +205,7 @@ class RayExecutor:
 
     async def stop_driver(self, job: str, incarnation: int) -> None:
         await self._stop(job)
-        for node in [*self.nodes.nodes.values(), *itertools.chain(*self.nodes.spares.values())]:
+        for node in [*self.nodes.nodes.values(), *itertools.chain(*self.nodes.standbys.values())]:
             node.worker.unload.remote(job)  # its roles, and its replicas on the standbys
 
     async def close(self) -> None:

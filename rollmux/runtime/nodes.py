@@ -14,10 +14,11 @@ Ray's key-value store (the GCS), where every process of the cluster — drivers,
 a restarted control plane — finds it. Placement groups and workers are detached, so they
 outlive a restart of the control plane.
 
-The warm spares are also the pools' standby workers: each has run a sandbox phase, the
-first of each pool is the buddy that keeps replicas of the jobs that ask for them (its
-name is in the GCS too), and a node whose worker died is taken over by a standby — the
-one holding the node's jobs' replicas — instead of waiting for a new process.
+Standby workers are kept apart from the spares: new nodes never take them. Each has run a
+sandbox phase and holds no job; the first of each pool is the buddy that keeps the replicas
+of the jobs that ask for them (its name is in the GCS too). A node whose worker died is
+taken over by a standby — it holds the node's jobs' replicas — or else a spare, instead of
+waiting for a new process; a standby used so is replaced in the background.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from rollmux.runtime.workers import PoolWorker
 NAMESPACE = "rollmux"
 POOL_RESOURCE = {Pool.ROLLOUT: "rollmux_rollout_node", Pool.TRAIN: "rollmux_train_node"}
 WORKER_PREFIX = "rollmux-worker-"
+STANDBY_PREFIX = "rollmux-standby-"
 
 
 def pool_resources(rollout_nodes: int, train_nodes: int) -> dict[str, float]:
@@ -92,14 +94,20 @@ class ProvisionedNode:
 class NodeProvisioner:
     """Creates, finds again, recycles and releases the placement group and worker of each node."""
 
-    def __init__(self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None, warm: int = 0):
+    def __init__(
+        self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None, warm: int = 0, standby: int = 0
+    ):
         self.host_limit_bytes = host_limit_bytes
         self.gpus_per_node = gpus_per_node or {}
         self.warm = warm
         """Empty workers kept per pool for the next nodes (each holds one unit of its pool)."""
+        self.standby = standby
+        """Standby workers kept per pool for nodes whose worker dies (one unit each)."""
         self.nodes: dict[int, ProvisionedNode] = {}
         self.spares: dict[Pool, list[ProvisionedNode]] = {pool: [] for pool in Pool}
+        self.standbys: dict[Pool, list[ProvisionedNode]] = {pool: [] for pool in Pool}
         self._topping_up = threading.Lock()
+        self._replacing: dict[int, asyncio.Lock] = {}
         self.takeovers: list[tuple[int, float]] = []
         """(node, seconds) of every dead worker replaced, by a standby or a new process."""
 
@@ -126,24 +134,18 @@ class NodeProvisioner:
             return None
 
     def _take_spare(self, pool: Pool) -> ProvisionedNode | None:
-        """A new node takes the youngest spare; the first, the buddy with the replicas, is
-        kept for a node that dies."""
-        if not self.spares[pool]:
-            return None
-        spare = self.spares[pool].pop()
-        self._name_buddy(pool)
-        return spare
+        return self.spares[pool].pop() if self.spares[pool] else None
 
     def _name_buddy(self, pool: Pool) -> None:
         """Write which standby keeps the pool's replicas (or that none does)."""
-        if self.spares[pool]:
-            name = self.spares[pool][0].name.encode()
+        if self.standbys[pool]:
+            name = self.standbys[pool][0].name.encode()
             internal_kv._internal_kv_put(_standby_key(pool), name, overwrite=True, namespace=NAMESPACE)
         else:
             internal_kv._internal_kv_del(_standby_key(pool), namespace=NAMESPACE)
 
-    def _create(self, pool: Pool) -> ProvisionedNode:
-        name = f"{WORKER_PREFIX}{pool.value}-{uuid.uuid4().hex[:12]}"
+    def _create(self, pool: Pool, prefix: str = WORKER_PREFIX) -> ProvisionedNode:
+        name = f"{prefix}{pool.value}-{uuid.uuid4().hex[:12]}"
         bundle = {POOL_RESOURCE[pool]: 1.0}
         gpus = self.gpus_per_node.get(pool, 0.0)
         if gpus:
@@ -169,54 +171,74 @@ class NodeProvisioner:
             .remote(pool.value, self.host_limit_bytes)
         )
 
-    def top_up(self) -> None:
-        """Start spares until each pool has ``warm`` of them, on units that neither a node
-        nor a spare holds; each runs its sandbox phase before it counts as a standby. One
-        top-up at a time."""
+    def top_up(self, spares: bool = True) -> None:
+        """Start standbys (and spares, unless not asked) until each pool has ``standby`` and
+        ``warm`` of them, on units that neither a node nor another of them holds (standbys
+        first); each runs its sandbox phase before it counts. One top-up at a time."""
         with self._topping_up:
             offered = ray.cluster_resources()
-            started: dict[Pool, list[ProvisionedNode]] = {}
+            started: list[tuple[list[ProvisionedNode], ProvisionedNode]] = []
             for pool in Pool:
-                taken = len(self.spares[pool]) + sum(node.pool == pool for node in list(self.nodes.values()))
-                free = int(offered.get(POOL_RESOURCE[pool], 0)) - taken
-                started[pool] = [self._create(pool) for _ in range(min(self.warm - len(self.spares[pool]), free))]
-            ray.get([spare.worker.warm_up.remote() for spare in itertools.chain(*started.values())])
-            for pool, spares in started.items():
-                self.spares[pool].extend(spares)
+                taken = len(self.spares[pool]) + len(self.standbys[pool])
+                free = int(offered.get(POOL_RESOURCE[pool], 0)) - taken - sum(n.pool == pool for n in self._held())
+                for kept, wanted, prefix in (
+                    (self.standbys[pool], self.standby, STANDBY_PREFIX),
+                    (self.spares[pool], self.warm if spares else 0, WORKER_PREFIX),
+                ):
+                    for _ in range(max(0, min(wanted - len(kept), free))):
+                        started.append((kept, self._create(pool, prefix)))
+                        free -= 1
+            ray.get([worker.worker.warm_up.remote() for _, worker in started])
+            for kept, worker in started:
+                kept.append(worker)
+            for pool in Pool:
                 self._name_buddy(pool)
 
+    def short_of_standbys(self) -> bool:
+        return any(len(self.standbys[pool]) < self.standby for pool in Pool)
+
+    def _held(self) -> list[ProvisionedNode]:
+        return list(self.nodes.values())
+
     def adopt_spares(self) -> None:
-        """After a restart: the warm workers no node uses are spares again (beyond
-        ``warm`` per pool, they are given back)."""
-        serving = {node.name for node in self.nodes.values()} | {s.name for s in itertools.chain(*self.spares.values())}
+        """After a restart: the warm workers no node uses are spares or standbys again (as
+        named; beyond the counts kept per pool, they are given back)."""
+        kept = [*self.nodes.values(), *itertools.chain(*self.spares.values(), *self.standbys.values())]
+        serving = {node.name for node in kept}
         for entry in ray.util.list_named_actors(all_namespaces=True):
             name = entry["name"]
-            if entry["namespace"] != NAMESPACE or not name.startswith(WORKER_PREFIX) or name in serving:
+            prefix = next((p for p in (WORKER_PREFIX, STANDBY_PREFIX) if name.startswith(p)), None)
+            if entry["namespace"] != NAMESPACE or prefix is None or name in serving:
                 continue
-            pool = Pool(name[len(WORKER_PREFIX) :].rsplit("-", 1)[0])
+            pool = Pool(name[len(prefix) :].rsplit("-", 1)[0])
             try:
-                spare = ProvisionedNode(-1, pool, get_placement_group(name), ray.get_actor(name, NAMESPACE), name)
+                found = ProvisionedNode(-1, pool, get_placement_group(name), ray.get_actor(name, NAMESPACE), name)
             except ValueError:
                 continue
-            if len(self.spares[pool]) < self.warm:
-                self.spares[pool].append(spare)
+            into, wanted = (self.spares, self.warm) if prefix == WORKER_PREFIX else (self.standbys, self.standby)
+            if len(into[pool]) < wanted:
+                into[pool].append(found)
             else:
-                _give_back(spare)
+                _give_back(found)
         for pool in Pool:
             self._name_buddy(pool)
 
     async def ready(self, node_id: int) -> None:
         """Wait until Ray has reserved the node and its worker answers. A worker that died
         is replaced: by a standby of its pool if there is one (the buddy first: it holds the
-        replicas of the node's jobs), else by a fresh process in the same reservation (cold:
-        its jobs' roles are rebuilt from their checkpoints when they restart)."""
+        replicas of the node's jobs), else a spare, else by a fresh process in the same
+        reservation (cold: its jobs' roles are rebuilt from their checkpoints when they
+        restart)."""
         node = self.nodes[node_id]
         await node.group.ready()
-        try:
-            await node.worker.where.remote()
-        except ray.exceptions.RayActorError:
+        async with self._replacing.setdefault(node_id, asyncio.Lock()):  # one replacement per death
+            try:
+                await node.worker.where.remote()
+                return
+            except ray.exceptions.RayActorError:
+                pass
             start = time.perf_counter()
-            if self.spares[node.pool]:
+            if self.standbys[node.pool] or self.spares[node.pool]:
                 await asyncio.to_thread(self._standby_takes_over, node)
             else:
                 node.worker = await asyncio.to_thread(self._worker, node.name, node.pool, node.group)
@@ -226,8 +248,8 @@ class NodeProvisioner:
 
     def _standby_takes_over(self, node: ProvisionedNode) -> None:
         """The dead worker's reservation is given back (its unit will hold a new standby)
-        and the buddy standby serves the node from now on."""
-        standby = self.spares[node.pool].pop(0)
+        and the buddy standby (else a spare) serves the node from now on."""
+        standby = self.standbys[node.pool].pop(0) if self.standbys[node.pool] else self.spares[node.pool].pop()
         self._name_buddy(node.pool)
         dead_group = node.group
         node.group, node.worker, node.name = standby.group, standby.worker, standby.name
@@ -241,6 +263,7 @@ class NodeProvisioner:
         """The node is given back; its worker, emptied, is kept as a spare if its pool has
         room for one (a worker that no longer answers is not)."""
         node = self.nodes.pop(node_id)
+        self._replacing.pop(node_id, None)
         internal_kv._internal_kv_del(_directory_key(node_id), namespace=NAMESPACE)
         if len(self.spares[node.pool]) < self.warm:
             try:
@@ -249,7 +272,6 @@ class NodeProvisioner:
                 _give_back(node)
                 return
             self.spares[node.pool].append(node)
-            self._name_buddy(node.pool)
         else:
             _give_back(node)
 
@@ -257,9 +279,10 @@ class NodeProvisioner:
         for node_id in list(self.nodes):
             _give_back(self.nodes.pop(node_id))
             internal_kv._internal_kv_del(_directory_key(node_id), namespace=NAMESPACE)
-        for pool, spares in self.spares.items():
-            while spares:
-                _give_back(spares.pop())
+        for pool in Pool:
+            for kept in (self.spares[pool], self.standbys[pool]):
+                while kept:
+                    _give_back(kept.pop())
             self._name_buddy(pool)
 
 

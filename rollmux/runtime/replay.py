@@ -55,8 +55,9 @@ class ReplayOptions:
     """Emulated jobs need no isolation from each other: many drivers share a warm process,
     so a job starts without a process start (seconds of CPU, a long while of trace time)."""
     spare_workers: int = 8
-    """Standby workers kept per pool: readying a node does not start a process either, and
-    a node whose worker is killed is taken over by one."""
+    """Empty workers kept per pool, so readying a node does not start a process either."""
+    standby_workers: int = 0
+    """Standby workers kept per pool for nodes whose worker dies (see ``kill_every_s``)."""
     kill_every_s: float | None = None
     """SIGKILL a random node's worker every this many wall seconds (None: never)."""
     kill_seed: int = 0
@@ -284,9 +285,12 @@ def realised(trace: Trace, log: ReplayLog, options: ReplayOptions, cost: CostMod
 
 def _recoveries(log: ReplayLog, k: float) -> dict[str, Any]:
     """Every injected kill and, for each job of the node's group that it interrupted (the
-    job lost its session after the kill, before the next one): the downtime from the kill
-    to the job's first phase granted after it resumed (wall seconds, and trace seconds),
-    the iteration it resumed from and the iterations it had trained before and lost."""
+    job lost its session after the kill, before the next one): when it noticed (a job
+    learns it when it next uses the node: ``detected_s`` after the kill), how long it then
+    took to work again (``recovery_s``, to its first phase granted after it resumed), the
+    whole ``downtime_s`` from the kill (wall and trace seconds, an upper bound: the job may
+    have gone on working elsewhere before it noticed), the iteration it resumed from and
+    the iterations it had trained before and lost."""
     found = []
     for index, kill in enumerate(log.kills):
         until = log.kills[index + 1].at if index + 1 < len(log.kills) else log.ended
@@ -296,10 +300,13 @@ def _recoveries(log: ReplayLog, k: float) -> dict[str, Any]:
                 found.append(
                     {"node": kill.node, "pool": kill.pool, "at_h": (kill.at - log.began) * k / HOUR, **recovery}
                 )
+    recoveries = [r["recovery_s"] for r in found if r["recovery_s"] is not None]
     downtimes = [r["downtime_s"] for r in found if r["downtime_s"] is not None]
     return {
         "kills": len(log.kills),
         "recoveries": found,
+        "recovery_s_mean": statistics.fmean(recoveries) if recoveries else None,
+        "recovery_s_max": max(recoveries, default=None),
         "recovery_downtime_s_mean": statistics.fmean(downtimes) if downtimes else None,
         "recovery_downtime_s_max": max(downtimes, default=None),
         "recovery_steps_lost": sum(r["steps_lost"] for r in found),
@@ -313,14 +320,16 @@ def _recovery(log: ReplayLog, job: str, killed: float, until: float, k: float) -
         return None  # the kill did not interrupt it (it had left, or never touched the node again)
     resumed = next((e for e in events if e["kind"] == "running" and e["at"] >= lost["at"]), None)
     phases = [e for e in log.phase_log if e["job"] == job]
-    trained = {e["iteration"] for e in phases if e["phase"] == "train" and e["outcome"] == "released"}
-    done_before = len({i for i in trained if any(e["iteration"] == i and e["ended_at"] <= killed for e in phases)})
+    trained = [e for e in phases if e["phase"] == "train" and e["outcome"] == "released"]
+    done_before = len({e["iteration"] for e in trained if e["ended_at"] <= killed})
     match = re.search(r"from iteration (\d+)", resumed["detail"]) if resumed else None
     back = min((e["granted_at"] for e in phases if resumed and e["granted_at"] >= resumed["at"]), default=None)
     return {
         "job": job,
         "resumed_from": int(match.group(1)) if match else None,
         "steps_lost": done_before - int(match.group(1)) if match else done_before,
+        "detected_s": lost["at"] - killed,
+        "recovery_s": back - lost["at"] if back is not None else None,
         "downtime_s": back - killed if back is not None else None,
         "downtime_trace_s": (back - killed) * k if back is not None else None,
         "how": resumed["detail"] if resumed else "did not resume before it left",

@@ -21,6 +21,8 @@ class WarmOptions:
     """Drivers that the started driver processes can still take at any time: when fewer,
     another process is started ahead of need (0: a process is started when a job needs it)."""
     spare_workers: int = 0
-    """Standby workers kept per pool (each holds a unit of its pool, has run a sandbox
-    phase and holds no job): the first keeps the replicas of jobs that ask for them, a node
-    whose worker dies is taken over by one, and new nodes take them first."""
+    """Empty workers kept per pool for the next nodes (each holds a unit of its pool)."""
+    standby_workers: int = 0
+    """Standby workers kept per pool for nodes whose worker dies (each holds a unit of its
+    pool, has run a sandbox phase and holds no job; new nodes never take them): the first
+    keeps the replicas of the jobs that ask for them."""

@@ -553,6 +553,15 @@ class ControlPlane:
             await reserved
         except KeyError:
             return  # its nodes were released meanwhile: it ended before it could start
+        except Exception as error:  # noqa: BLE001 - a node's new worker died too: try again, counted
+            log.warning("nodes of %s are not ready: %s", name, str(error).splitlines()[0])
+            job = self.state.jobs.get(name)
+            if job is not None and job.launch == incarnation and job.state == PLACED:
+                now = self.clock()
+                self.state.lose(name, now, f"its nodes did not come up: {str(error).splitlines()[0]}")
+                self._after_loss(name, now)
+                await self._persist()
+            return
         job = self.state.jobs.get(name)
         if job is None or job.state != PLACED or job.launch != incarnation:
             return
