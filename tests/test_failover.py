@@ -129,9 +129,12 @@ def as_if_alone(api: Client) -> None:
         assert served == alone, name
 
 
-def test_a_trainer_killed_mid_step_fails_over_to_the_standby_with_its_replica_and_loses_no_step(tmp_path):
+@pytest.mark.parametrize("failpoint", ["call:train", "replica:copy"], ids=["in-a-step", "while-copying"])
+def test_a_trainer_killed_mid_step_fails_over_to_the_standby_with_its_replica_and_loses_no_step(tmp_path, failpoint):
+    """Killed in a training step, or while its trainer is copied to the buddy (before the
+    rollouts get the new weights): the older copy is where the job resumes."""
     killed_step = 25  # 50 training steps of the two jobs pass; the 51st is killed, well after the standbys are up
-    service = serve(tmp_path, "call:train", 2 * killed_step, standby=1)
+    service = serve(tmp_path, failpoint, 2 * killed_step, standby=1)
     try:
         api, views = run_two_jobs(service, replicas=1, checkpoint_every=1000)
         assert {v["state"] for v in views.values()} == {"done"}, views

@@ -583,7 +583,9 @@ def serve(
     ] = 0,
     standby: Annotated[
         int,
-        typer.Option(min=0, max=64, help="Standby workers per pool: they keep jobs' replicas and take dead nodes over"),
+        typer.Option(
+            min=0, max=64, help="Standby workers per pool, each on a unit jobs are not placed on: replicas, failover"
+        ),
     ] = 0,
 ) -> None:
     """Run the control plane: places jobs, runs their drivers on Ray, grants their phases."""

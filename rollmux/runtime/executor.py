@@ -55,10 +55,12 @@ class RayExecutor:
         self.url, self.token = url, token
 
     async def capacity(self) -> Capacity | None:
+        """The nodes Ray offers per pool, less the units the standby workers keep."""
         offered = await asyncio.to_thread(ray.cluster_resources)
+        standby = self.warm.standby_workers
         return Capacity(
-            rollout=int(offered.get(POOL_RESOURCE[Pool.ROLLOUT], 0)),
-            train=int(offered.get(POOL_RESOURCE[Pool.TRAIN], 0)),
+            rollout=max(0, int(offered.get(POOL_RESOURCE[Pool.ROLLOUT], 0)) - standby),
+            train=max(0, int(offered.get(POOL_RESOURCE[Pool.TRAIN], 0)) - standby),
         )
 
     async def sync_nodes(self, nodes: dict[int, Pool]) -> None:

@@ -238,12 +238,17 @@ class NodeProvisioner:
             except ray.exceptions.RayActorError:
                 pass
             start = time.perf_counter()
-            if self.standbys[node.pool] or self.spares[node.pool]:
+            while self.standbys[node.pool] or self.spares[node.pool]:
                 await asyncio.to_thread(self._standby_takes_over, node)
+                try:
+                    await node.worker.where.remote()
+                    break
+                except ray.exceptions.RayActorError:
+                    continue  # that standby died too: the next one
             else:
                 node.worker = await asyncio.to_thread(self._worker, node.name, node.pool, node.group)
                 node.worker.assign.remote(node_id)
-            await node.worker.where.remote()
+                await node.worker.where.remote()
             self.takeovers.append((node_id, time.perf_counter() - start))
 
     def _standby_takes_over(self, node: ProvisionedNode) -> None:

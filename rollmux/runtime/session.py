@@ -197,8 +197,15 @@ class Session:
         copy = trainer.replica.remote(self.job, TRAIN, self.epoch, token)
         try:
             ray.get(buddy.keep_replica.remote(self.job, TRAIN, completed, copy))
-        except (ResidencyExceeded, ray.exceptions.RayActorError):
-            self._buddy = None  # no room for it, or the buddy died: no copy of the job is held
+        except ResidencyExceeded:
+            self._buddy = None  # no room: the buddy dropped the older copy too
+        except ray.exceptions.RayActorError:
+            self._buddy = None
+            try:
+                ray.get(buddy.where.remote())
+            except ray.exceptions.RayActorError:
+                return  # the buddy died, its copies with it: the job goes on without one
+            raise  # the trainer died while copying: the buddy's older copy is where it resumes
 
     def level_rollouts(self) -> None:
         """Give every rollout node the restored trainer's weights before the first rollout:

@@ -165,6 +165,7 @@ class PoolWorker:
             role = self._role((job, phase))
             if role.state.awake:
                 raise PhaseNotGranted(f"{job}'s {phase} role is awake on node {self.node_id}: copy it asleep")
+            failpoint("replica:copy")
             return role
 
     def keep_replica(self, job: str, phase: str, completed: int, role: Role) -> int:
