@@ -10,8 +10,10 @@ import pickle
 import re
 
 import pytest
+from pydantic import ValidationError
 
 from rollmux.core.errors import ResidencyExceeded, StaleWeights
+from rollmux.inputs.runfile import JobSubmission
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, run_alone
 from rollmux.runtime.workers import PoolWorker
 from rollmux.service.client import Client
@@ -79,6 +81,19 @@ def test_a_restarted_job_keeps_its_surviving_trainer_asleep_even_if_a_revoked_gr
     loaded = worker.load("a", "train", 2, lambda: pytest.fail("built"), keep=1)
     assert loaded["source"] == "kept" and worker.awake is None
     assert not worker.roles[("a", "train")].state.awake and len(worker.progress("a", "train", 2)) == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"replicas": 1}, "'replicas' and 'checkpoint_every' are for jobs RollMux runs"),
+        ({"kind": "grpo", "iterations": 3, "replicas": 2}, "Input should be 0 or 1"),
+        ({"kind": "grpo", "iterations": 3, "checkpoint_every": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_replica_and_checkpoint_fields_are_checked(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        JobSubmission.model_validate({"name": "x", **fields})
 
 
 def serve(tmp_path, failpoint: str, skip: int, standby: int) -> ServiceProcess:

@@ -83,6 +83,8 @@ class JobSubmission(PlanJob):
             raise ValueError("'args' are for a job program named by 'entrypoint'")
         if self.kind != "external" and self.iterations is None:
             raise ValueError(f"a {self.kind} job needs 'iterations'")
+        if self.kind == "external" and (self.replicas or self.checkpoint_every != 1):
+            raise ValueError("'replicas' and 'checkpoint_every' are for jobs RollMux runs (grpo, or an entrypoint)")
         return self
 
     @property
@@ -138,6 +140,9 @@ class ClusterFields(BaseModel):
     lease_s: float = Field(default=10.0, ge=0.5, le=3600, description="a session not heard from for this long is lost")
     regroup: bool = Field(default=True, description="move running jobs when a re-placement pays for its move")
     slo_guard: bool = Field(default=True, description="move a job out of a group whose real times break an SLO")
+    standby_workers: int = Field(
+        default=0, ge=0, le=64, description="standby workers per pool (a local Ray offers them beyond the nodes)"
+    )
 
     @field_validator("gpus_per_node")
     @classmethod

@@ -100,10 +100,12 @@ def _local_control_plane(run: RunFile, out: Path):
     ``out/state``). Returns the client and the embedded service (None when joined)."""
     from rollmux.core.regroup import RegroupConfig
     from rollmux.runtime import registry
+    from rollmux.runtime.warm import WarmOptions
     from rollmux.service.server import ServeOptions, Service
 
     cluster = run.cluster
-    start_ray(cluster.ray_address, cluster.rollout_nodes, cluster.train_nodes)
+    standby = cluster.standby_workers
+    start_ray(cluster.ray_address, cluster.rollout_nodes + standby, cluster.train_nodes + standby)
     joined = registry.lookup()
     if joined is not None:
         return Client(joined["url"], joined["token"]), None
@@ -118,6 +120,7 @@ def _local_control_plane(run: RunFile, out: Path):
         gpus_per_node={Pool(pool): gpus for pool, gpus in cluster.gpus_per_node.items()},
         regroup=RegroupConfig() if cluster.regroup else None,
         slo_guard=cluster.slo_guard,
+        warm=WarmOptions(standby_workers=standby),
     )
     service = Service(options).start()
     return Client(service.url, service.token), service
