@@ -290,7 +290,7 @@ def _recoveries(log: ReplayLog, k: float) -> dict[str, Any]:
     took to work again (``recovery_s``, to its first phase granted after it resumed), the
     whole ``downtime_s`` from the kill (wall and trace seconds, an upper bound: the job may
     have gone on working elsewhere before it noticed), the iteration it resumed from and
-    the iterations it had trained before and lost."""
+    the iterations it had trained before it noticed and lost."""
     found = []
     for index, kill in enumerate(log.kills):
         until = log.kills[index + 1].at if index + 1 < len(log.kills) else log.ended
@@ -321,7 +321,7 @@ def _recovery(log: ReplayLog, job: str, killed: float, until: float, k: float) -
     resumed = next((e for e in events if e["kind"] == "running" and e["at"] >= lost["at"]), None)
     phases = [e for e in log.phase_log if e["job"] == job]
     trained = [e for e in phases if e["phase"] == "train" and e["outcome"] == "released"]
-    done_before = len({e["iteration"] for e in trained if e["ended_at"] <= killed})
+    done_before = len({e["iteration"] for e in trained if e["ended_at"] <= lost["at"]})  # it may go on a while
     match = re.search(r"from iteration (\d+)", resumed["detail"]) if resumed else None
     back = min((e["granted_at"] for e in phases if resumed and e["granted_at"] >= resumed["at"]), default=None)
     return {
