@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/service.py
 	$(BIN)/python bench/grants.py --jobs 1000 --seconds 30
 	$(BIN)/python bench/restart.py --finished 10000
+	$(BIN)/python bench/failover.py
 
 clean:
 	rm -rf $(VENV) out
