@@ -12,7 +12,11 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from rollmux.core.errors import ResidencyExceeded, StaleWeights
+from rollmux.core.cluster import Cluster
+from rollmux.core.control import Capacity, ControlState
+from rollmux.core.errors import NoCapacity, ResidencyExceeded, StaleWeights
+from rollmux.core.placement import make_policy
+from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, run_alone
 from rollmux.runtime.workers import PoolWorker
@@ -94,6 +98,12 @@ def test_a_restarted_job_keeps_its_surviving_trainer_asleep_even_if_a_revoked_gr
 def test_replica_and_checkpoint_fields_are_checked(fields, message):
     with pytest.raises(ValidationError, match=message):
         JobSubmission.model_validate({"name": "x", **fields})
+
+
+def test_a_job_the_units_left_beside_the_standbys_cannot_hold_is_refused_saying_so():
+    state = ControlState(Cluster(), make_policy("rollmux"), capacity=Capacity(rollout=0, train=1, standby=1))
+    with pytest.raises(NoCapacity, match=r"the cluster offers 0 \(1 more kept for standby workers\)"):
+        state.validate(JobSpec("j", PhaseTime.fixed(1), PhaseTime.fixed(1), slo=2.0))
 
 
 def serve(tmp_path, failpoint: str, skip: int, standby: int) -> ServiceProcess:

@@ -53,13 +53,20 @@ HOUR = 3600.0
 
 @dataclass(frozen=True)
 class Capacity:
-    """How many nodes of each pool the cluster offers (None: unbounded)."""
+    """How many nodes of each pool the cluster offers (None: unbounded), and how many more
+    units of each it keeps for standby workers (not offered to jobs)."""
 
     rollout: int | None = None
     train: int | None = None
+    standby: int = 0
 
     def limit(self, pool: Pool) -> int | None:
         return self.rollout if pool is Pool.ROLLOUT else self.train
+
+    def offers(self, pool: Pool) -> str:
+        """The limit in words, for messages."""
+        kept = f" ({self.standby} more kept for standby workers)" if self.standby else ""
+        return f"{self.limit(pool)}{kept}"
 
 
 @dataclass(frozen=True)
@@ -293,7 +300,8 @@ class ControlState:
             limit = self.capacity.limit(pool)
             if limit is not None and spec.width(pool) > limit:
                 raise NoCapacity(
-                    f"job {spec.name} needs {spec.width(pool)} {pool.value} node(s) at once; the cluster offers {limit}"
+                    f"job {spec.name} needs {spec.width(pool)} {pool.value} node(s) at once; "
+                    f"the cluster offers {self.capacity.offers(pool)}"
                 )
 
     def submit(

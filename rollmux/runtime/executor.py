@@ -61,6 +61,7 @@ class RayExecutor:
         return Capacity(
             rollout=max(0, int(offered.get(POOL_RESOURCE[Pool.ROLLOUT], 0)) - standby),
             train=max(0, int(offered.get(POOL_RESOURCE[Pool.TRAIN], 0)) - standby),
+            standby=standby,
         )
 
     async def sync_nodes(self, nodes: dict[int, Pool]) -> None:
