@@ -322,3 +322,27 @@ def test_phase_decorator_form_needs_a_session_too():
 
     with pytest.raises(RuntimeError, match="no session"):
         step()
+
+
+def test_a_standby_that_dies_is_replaced_and_the_new_one_becomes_the_buddy(local_ray):
+    executor = RayExecutor(2**30, warm=WarmOptions(standby_workers=1))
+
+    async def kill_the_buddy_and_wait_for_another() -> tuple[str, str]:
+        await executor.warm_up()
+        first = executor.nodes.standbys[Pool.TRAIN][0]
+        ray.kill(first.worker)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            now = executor.nodes.standbys[Pool.TRAIN]
+            if now and now[0].name != first.name:
+                return first.name, now[0].name
+        raise TimeoutError("the dead standby was not replaced")
+
+    try:
+        dead, new = asyncio.run(kill_the_buddy_and_wait_for_another())
+        buddy = standby_of(Pool.TRAIN)
+        assert dead != new and buddy is not None and ray.get(buddy.where.remote())["node_id"] is None
+        assert buddy._actor_id == executor.nodes.standbys[Pool.TRAIN][0].worker._actor_id
+    finally:
+        asyncio.run(executor.close())

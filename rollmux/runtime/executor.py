@@ -24,6 +24,8 @@ from rollmux.runtime.warm import WarmOptions
 from rollmux.service.failpoints import failpoint
 
 log = logging.getLogger("rollmux.executor")
+STANDBY_CHECK_S = 5.0
+"""How often the standby workers are checked (a dead one is replaced)."""
 
 
 @dataclass
@@ -47,6 +49,7 @@ class RayExecutor:
         self.hosts: dict[str, _Host] = {}
         self._discovered = False
         self._refill: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
         self.url = ""
         self.token = ""
 
@@ -84,6 +87,8 @@ class RayExecutor:
         await self._spare_hosts()
         if self.warm.spare_workers or self.warm.standby_workers:
             await asyncio.to_thread(self.nodes.top_up)
+        if self.warm.standby_workers and self._watch is None:
+            self._watch = asyncio.create_task(self._watch_standbys(), name="standbys")
         idle = [h.handle.pid.remote() for h in self.hosts.values() if not h.drivers]
         warm = itertools.chain(*self.nodes.spares.values(), *self.nodes.standbys.values())
         spares = [s.worker.where.remote() for s in warm]
@@ -100,6 +105,18 @@ class RayExecutor:
         dead node over), on units no node holds."""
         if self.nodes.short_of_standbys() and self._discovered and self._refill is None:
             self._refill = asyncio.create_task(self._provision_standbys(), name="standby")
+
+    async def _watch_standbys(self) -> None:
+        """Every few seconds, a standby that died is replaced: the buddy that keeps the
+        jobs' copies must be alive when a node dies."""
+        while True:
+            await asyncio.sleep(STANDBY_CHECK_S)
+            try:
+                if await self.nodes.drop_dead_standbys():
+                    log.warning("a standby worker died; starting another")
+                self._keep_standbys()
+            except Exception:  # noqa: BLE001 - Ray busy or shutting down: the next round tries again
+                log.warning("checking the standby workers failed", exc_info=True)
 
     async def _provision_standbys(self) -> None:
         try:
@@ -214,8 +231,9 @@ class RayExecutor:
     async def close(self) -> None:
         """Give everything back: driver processes stopped, nodes released (jobs resume at the
         next start). Direct calls: at shutdown the thread pool may already be gone."""
-        if self._refill is not None:
-            self._refill.cancel()
+        for task in (self._refill, self._watch):
+            if task is not None:
+                task.cancel()
         for host in self.hosts.values():
             ray.kill(host.handle)
         self.hosts.clear()

@@ -42,6 +42,8 @@ NAMESPACE = "rollmux"
 POOL_RESOURCE = {Pool.ROLLOUT: "rollmux_rollout_node", Pool.TRAIN: "rollmux_train_node"}
 WORKER_PREFIX = "rollmux-worker-"
 STANDBY_PREFIX = "rollmux-standby-"
+STANDBY_PATIENCE_S = 10.0
+"""A standby that does not answer for this long is taken for dead."""
 
 
 def pool_resources(rollout_nodes: int, train_nodes: int) -> dict[str, float]:
@@ -193,6 +195,22 @@ class NodeProvisioner:
                 kept.append(worker)
             for pool in Pool:
                 self._name_buddy(pool)
+
+    async def drop_dead_standbys(self) -> int:
+        """Give back the standbys that no longer answer (process killed, host lost) and name
+        a live buddy; returns how many were dropped."""
+        dropped = 0
+        for pool in Pool:
+            for standby in list(self.standbys[pool]):
+                try:
+                    await asyncio.wait_for(standby.worker.where.remote(), timeout=STANDBY_PATIENCE_S)
+                except (ray.exceptions.RayActorError, asyncio.TimeoutError):
+                    if standby in self.standbys[pool]:
+                        self.standbys[pool].remove(standby)
+                        await asyncio.to_thread(_give_back, standby)
+                        dropped += 1
+            self._name_buddy(pool)
+        return dropped
 
     def short_of_standbys(self) -> bool:
         return any(len(self.standbys[pool]) < self.standby for pool in Pool)
