@@ -488,6 +488,14 @@ class ControlPlane:
             if lost:
                 await self._persist()
 
+    async def _lose(self, name: str, reason: str) -> None:
+        """The job's session is gone for ``reason``: lost now (not a lease later), restarted
+        if RollMux runs it, and committed."""
+        now = self.clock()
+        self.state.lose(name, now, reason)
+        self._after_loss(name, now)
+        await self._persist()
+
     def _after_loss(self, name: str, now: float) -> None:
         """A managed job is restarted (if it has restarts left); an external one waits for
         its owner to begin a new session."""
@@ -557,10 +565,7 @@ class ControlPlane:
             log.warning("nodes of %s are not ready: %s", name, str(error).splitlines()[0])
             job = self.state.jobs.get(name)
             if job is not None and job.launch == incarnation and job.state == PLACED:
-                now = self.clock()
-                self.state.lose(name, now, f"its nodes did not come up: {str(error).splitlines()[0]}")
-                self._after_loss(name, now)
-                await self._persist()
+                await self._lose(name, f"its nodes did not come up: {str(error).splitlines()[0]}")
             return
         job = self.state.jobs.get(name)
         if job is None or job.state != PLACED or job.launch != incarnation:
@@ -578,10 +583,7 @@ class ControlPlane:
         if job is not None and job.launch == incarnation and job.state in (PLACED, *SESSION_STATES):
             # Its driver is gone without ending the job (process killed, crashed before its
             # session, gave up on an unreachable control plane): no need to wait for a lease.
-            now = self.clock()
-            self.state.lose(name, now, f"its driver ended: {outcome}")
-            self._after_loss(name, now)
-            await self._persist()
+            await self._lose(name, f"its driver ended: {outcome}")
 
     # --- moving running jobs ----------------------------------------------------------------
 
@@ -679,10 +681,7 @@ class ControlPlane:
             log.warning("moving %s failed: %s", name, error)
             job = self.state.jobs.get(name)
             if job is not None and job.move == move and job.epoch == epoch:
-                now = self.clock()
-                self.state.lose(name, now, f"its state did not reach its new nodes: {error}")
-                self._after_loss(name, now)
-                await self._persist()
+                await self._lose(name, f"its state did not reach its new nodes: {error}")
             return
         failpoint("move:after-transfer")
         if self.state.finish_move(name, epoch, move.decided_at, moved, self.clock()):
