@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -19,6 +20,7 @@ from rollmux.core.placement import make_policy
 from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, run_alone
+from rollmux.runtime.state import PortableRole
 from rollmux.runtime.workers import PoolWorker
 from rollmux.service.client import Client
 from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
@@ -28,6 +30,13 @@ from tests.test_recovery import no_node_runs_two_jobs, wait_until
 SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
 ITERATIONS = 40
 SEEDS = {"a": 0, "b": 1}
+
+
+def shipped(portable: PortableRole) -> Any:
+    """What the receiving worker gets, as Ray ships it (protocol 5, buffers out of band)."""
+    buffers: list = []
+    blob = pickle.dumps(portable, protocol=5, buffer_callback=buffers.append)
+    return pickle.loads(blob, buffers=buffers)
 
 
 def trained_worker(node: int, limit: int = 2**30) -> PoolWorker:
@@ -44,7 +53,7 @@ def trained_worker(node: int, limit: int = 2**30) -> PoolWorker:
 
 def test_a_buddy_keeps_the_newest_replica_counted_in_its_host_memory_and_hands_it_over():
     worker = trained_worker(0)
-    copy = pickle.loads(pickle.dumps(worker.replica("a", "train", 1, 1)))  # as Ray ships it
+    copy = shipped(worker.replica("a", "train", 1, 1))
     buddy = PoolWorker(pool="train", host_limit_bytes=2**30)
     empty = buddy.host_bytes()
     buddy.keep_replica("a", "train", 1, copy)
@@ -59,7 +68,7 @@ def test_a_buddy_keeps_the_newest_replica_counted_in_its_host_memory_and_hands_i
 
 def test_a_replica_older_than_the_iterations_the_control_plane_counted_is_not_taken():
     buddy = PoolWorker(pool="train", host_limit_bytes=2**30)
-    buddy.keep_replica("a", "train", 1, trained_worker(0).replica("a", "train", 1, 1))
+    buddy.keep_replica("a", "train", 1, shipped(trained_worker(0).replica("a", "train", 1, 1)))
     fresh = GRPOTrainer(GRPOConfig(**SMALL))
     assert buddy.load("a", "train", 2, lambda: fresh, keep=2)["source"] == "built"
     assert buddy.roles[("a", "train")] is fresh
@@ -67,11 +76,11 @@ def test_a_replica_older_than_the_iterations_the_control_plane_counted_is_not_ta
 
 def test_a_replica_without_room_is_refused_and_the_older_one_dropped():
     worker = trained_worker(0)
-    copy = worker.replica("a", "train", 1, 1)
+    copy = shipped(worker.replica("a", "train", 1, 1))
     buddy = PoolWorker(pool="train", host_limit_bytes=worker.host_bytes() + 1024)
     buddy.keep_replica("a", "train", 1, copy)
     with pytest.raises(ResidencyExceeded, match="keeping b's train replica"):
-        buddy.keep_replica("b", "train", 1, pickle.loads(pickle.dumps(copy)))
+        buddy.keep_replica("b", "train", 1, shipped(PortableRole(copy)))
     assert list(buddy.replicas) == [("a", "train")]
     buddy.host_limit_bytes = worker.host_bytes() // 2  # the next copy no longer fits: a restart must not
     with pytest.raises(ResidencyExceeded):  # find the older one, behind the weights about to be sent

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
-from rollmux.runtime.state import RoleState, SleepMode, pinned_bytes
+from rollmux.runtime.state import PortableRole, RoleState, SleepMode, pinned_bytes
 
 
 def model_and_optimizer():
@@ -153,3 +154,35 @@ def test_a_sleeping_role_survives_pickling_as_a_move_does():
     moved.sleep()
     moved.wake()
     assert all(torch.equal(a, b) for a, b in zip(before[0], snapshot(moved.module, moved.optimizer)[0], strict=True))
+
+
+class Holder:
+    """A role: tensors behind a RoleState, and a numpy buffer it keeps (a publisher's)."""
+
+    def __init__(self):
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        model(torch.randn(4, 256)).sum().backward()
+        optimizer.step()
+        self.state = RoleState(model, optimizer, device="cpu")
+        self.buffer = np.arange(1000, dtype=np.float32)
+        self.state.also_holds(self.buffer)
+
+
+def test_a_portable_role_ships_its_bytes_out_of_band_and_leaves_the_original_intact():
+    role = Holder()
+    before = snapshot(role.state.module, role.state.optimizer)
+    role.state.sleep()
+    out_of_band: list = []
+    blob = pickle.dumps(PortableRole(role), protocol=5, buffer_callback=out_of_band.append)
+    assert len(blob) < role.state.host_bytes() / 20  # the bytes are in the buffers, not the pickle
+    assert sum(memoryview(b).nbytes for b in out_of_band) >= role.state.host_bytes()
+    arrived = pickle.loads(blob, buffers=out_of_band)
+    for copy in (role, arrived):
+        copy.state.wake()
+        after = snapshot(copy.state.module, copy.state.optimizer)
+        assert all(torch.equal(a, b) for a, b in zip(before[0] + before[1], after[0] + after[1], strict=True))
+    arrived.buffer[0] = 7.0  # its own, writable copy
+    assert role.buffer[0] == 0.0 and arrived.state.host_bytes() == role.state.host_bytes()
+    with pytest.raises(RuntimeError, match="only a sleeping role travels"):
+        pickle.dumps(PortableRole(role))

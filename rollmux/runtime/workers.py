@@ -34,7 +34,7 @@ from rollmux.core.roundrobin import ROLLOUT
 from rollmux.service.failpoints import failpoint
 
 if TYPE_CHECKING:  # for annotations only
-    from rollmux.runtime.state import RoleState
+    from rollmux.runtime.state import PortableRole, RoleState
 
 
 class PhaseNotGranted(RollMuxError):
@@ -154,10 +154,11 @@ class PoolWorker:
                 self.awake = None
             return role
 
-    def replica(self, job: str, phase: str, epoch: int, token: int) -> Role:
-        """The job's role, asleep, for its buddy: Ray pickles it into the object store as it
-        is returned, so the buddy gets a copy and the role stays here. Only for the holder
-        of the phase's grant, after its sleep: the copy is of a finished phase."""
+    def replica(self, job: str, phase: str, epoch: int, token: int) -> PortableRole:
+        """The job's role, asleep, for its buddy: Ray puts it into the object store as it is
+        returned (its buffers out of band, see :class:`PortableRole`), so the buddy gets a
+        copy and the role stays here. Only for the holder of the phase's grant, after its
+        sleep: the copy is of a finished phase."""
         with self.running:
             self._check_epoch(job, epoch, exact=True)
             if token != self.fence or self.awake is not None:
@@ -166,7 +167,9 @@ class PoolWorker:
             if role.state.awake:
                 raise PhaseNotGranted(f"{job}'s {phase} role is awake on node {self.node_id}: copy it asleep")
             failpoint("replica:copy")
-            return role
+            from rollmux.runtime.state import PortableRole  # torch: not in the control plane
+
+            return PortableRole(role)
 
     def keep_replica(self, job: str, phase: str, completed: int, role: Role) -> int:
         """Keep a copy of the job's sleeping role, taken after ``completed`` iterations, in
@@ -313,7 +316,7 @@ class PoolWorker:
         self.ranks[(job, phase)] = join(store, *address, rank, world, name)
         return rank
 
-    def export(self, job: str, phase: str, epoch: int) -> tuple[Role, tuple[int, dict] | None]:
+    def export(self, job: str, phase: str, epoch: int) -> tuple[PortableRole, tuple[int, dict] | None]:
         """The job's sleeping role and its undelivered weights, for the worker of its new
         node (a move). The role stays here until the move is complete."""
         self._check_epoch(job, epoch, exact=True)
@@ -321,7 +324,9 @@ class PoolWorker:
         role = self._role((job, phase))
         if role.state.awake:
             raise PhaseNotGranted(f"{job} is awake on node {self.node_id}: it moves between phases only")
-        return role, self.pending_weights.get(job) if phase == ROLLOUT else None
+        from rollmux.runtime.state import PortableRole  # torch: not in the control plane
+
+        return PortableRole(role), self.pending_weights.get(job) if phase == ROLLOUT else None
 
     def holds(self, job: str, phase: str, epoch: int) -> bool:
         """Whether the job's role of this session is here already (a move carried out before
