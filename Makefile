@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/grants.py --jobs 1000 --seconds 30
 	$(BIN)/python bench/restart.py --finished 10000
 	$(BIN)/python bench/failover.py
+	$(BIN)/python bench/replica_copy.py --mib 512
 
 clean:
 	rm -rf $(VENV) out
