@@ -23,7 +23,6 @@ mode's steps lost); target standby_buddy ≤ cold ÷ 10 and steps_lost 0.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import tempfile
@@ -34,14 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollmux.jobs.grpo import GRPOConfig, run_alone  # noqa: E402
 from rollmux.service.client import Client  # noqa: E402
-from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE  # noqa: E402
-from tests.service_process import ServiceProcess  # noqa: E402
+from tests.test_failover import SEEDS as JOBS  # noqa: E402
+from tests.test_failover import SMALL, grpo_pair, serve  # noqa: E402
 
 MODES = {"standby_buddy": (1, 1), "standby_ckpt": (1, 0), "cold": (0, 0)}
 """mode -> (standby workers per pool, replicas per job)"""
-JOBS = {"a": 0, "b": 1}
-"""job -> seed"""
-SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
 
 
 @dataclass(frozen=True)
@@ -55,33 +51,15 @@ class Recovery:
 
 def run_mode(folder: Path, mode: str, iterations: int, kill_after: int, checkpoint_every: int) -> Recovery:
     standby, replicas = MODES[mode]
-    marker = folder / "killed"
-    os.environ.update({VARIABLE: "call:train", ONCE_VARIABLE: str(marker), SKIP_VARIABLE: str(kill_after)})
-    arguments = ("--rollout-nodes", "2", "--train-nodes", "2", "--lease-s", "5", "--no-regroup", "--no-slo-guard")
-    try:
-        service = ServiceProcess(folder / "state", extra=(*arguments, "--standby", str(standby))).start(120)
-    finally:
-        for variable in (VARIABLE, ONCE_VARIABLE, SKIP_VARIABLE):
-            os.environ.pop(variable, None)
+    service = serve(folder, "call:train", kill_after, standby)
     try:
         api = Client(service.url, service.token)
-        jobs = [
-            {
-                "name": name,
-                "kind": "grpo",
-                "iterations": iterations,
-                "slo": 3.0,
-                "replicas": replicas,
-                "checkpoint_every": checkpoint_every,
-                "grpo": {"seed": seed, **SMALL},
-            }
-            for name, seed in JOBS.items()
-        ]
-        api.request("POST", "/v1/plans", json={"jobs": jobs})
+        api.request("POST", "/v1/plans", json={"jobs": grpo_pair(iterations, replicas, checkpoint_every)})
         views = wait_all_ended(api)
         failed = {n: v["reason"] for n, v in views.items() if v["state"] != "done"}
         if failed:
             raise SystemExit(f"{mode}: jobs did not finish: {failed}\n{service.errors()[-3000:]}")
+        marker = folder / "killed"
         if not marker.exists():
             raise SystemExit(f"{mode}: the training worker was never killed (too few iterations?)")
         return recovery(api, marker.stat().st_mtime, iterations)

@@ -127,13 +127,13 @@ def serve(tmp_path, failpoint: str, skip: int, standby: int) -> ServiceProcess:
             os.environ.pop(variable, None)
 
 
-def run_two_jobs(service: ServiceProcess, replicas: int, checkpoint_every: int) -> tuple[Client, dict[str, dict]]:
-    api = Client(service.url, service.token)
-    jobs = [
+def grpo_pair(iterations: int, replicas: int, checkpoint_every: int) -> list[dict]:
+    """Two GRPO jobs (seeds 0 and 1) that share one rollout and one training node."""
+    return [
         {
             "name": name,
             "kind": "grpo",
-            "iterations": ITERATIONS,
+            "iterations": iterations,
             "slo": 3.0,
             "replicas": replicas,
             "checkpoint_every": checkpoint_every,
@@ -141,7 +141,11 @@ def run_two_jobs(service: ServiceProcess, replicas: int, checkpoint_every: int) 
         }
         for name, seed in SEEDS.items()
     ]
-    api.request("POST", "/v1/plans", json={"jobs": jobs})
+
+
+def run_two_jobs(service: ServiceProcess, replicas: int, checkpoint_every: int) -> tuple[Client, dict[str, dict]]:
+    api = Client(service.url, service.token)
+    api.request("POST", "/v1/plans", json={"jobs": grpo_pair(ITERATIONS, replicas, checkpoint_every)})
     views = wait_until(lambda: all_ended(api), timeout_s=300)
     return api, views
 
