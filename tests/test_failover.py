@@ -190,7 +190,13 @@ def test_a_trainer_killed_mid_step_fails_over_to_the_standby_with_its_replica_an
         service.stop()
 
 
-@pytest.mark.parametrize(("standby", "replicas"), [(1, 1), (0, 0)], ids=["standby-and-replicas", "cold"])
+@pytest.mark.parametrize(
+    ("standby", "replicas"),
+    [
+        pytest.param(1, 1, id="standby-and-replicas"),
+        pytest.param(0, 0, id="cold", marks=pytest.mark.slow),  # the cold path: bench/failover.py's third way
+    ],
+)
 def test_a_rollout_worker_killed_while_receiving_a_weight_sync_leaves_both_jobs_recoverable(
     tmp_path, standby, replicas
 ):
