@@ -17,8 +17,10 @@ from tests.service_process import ServiceProcess
 from tests.test_recovery import no_node_runs_two_jobs, wait_until
 
 PHASE_S = 0.3
-SLO = 1.6
-"""Three jobs of equal phases share a group (slowdown 1.5); a fourth would break it (2.0)."""
+SLO = 1.75
+"""Three jobs of equal phases share a group (slowdown 1.5); a fourth would break it (2.0).
+The margin over 1.5 absorbs switching that a loaded machine adds to measured phases: with
+1.6, regrouping sometimes found three jobs no longer fit one group and moved none."""
 
 
 def emulated(name: str, actual_s: float = PHASE_S) -> dict:
