@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -110,8 +109,6 @@ class NodeProvisioner:
         self.standbys: dict[Pool, list[ProvisionedNode]] = {pool: [] for pool in Pool}
         self._topping_up = threading.Lock()
         self._replacing: dict[int, asyncio.Lock] = {}
-        self.takeovers: list[tuple[int, float]] = []
-        """(node, seconds) of every dead worker replaced, by a standby or a new process."""
 
     def ensure(self, node_id: int, pool: Pool) -> ProvisionedNode:
         """The node's placement group and worker: found again if they survived, a warm
@@ -255,7 +252,6 @@ class NodeProvisioner:
                 return
             except ray.exceptions.RayActorError:
                 pass
-            start = time.perf_counter()
             while self.standbys[node.pool] or self.spares[node.pool]:
                 await asyncio.to_thread(self._standby_takes_over, node)
                 try:
@@ -267,7 +263,6 @@ class NodeProvisioner:
                 node.worker = await asyncio.to_thread(self._worker, node.name, node.pool, node.group)
                 node.worker.assign.remote(node_id)
                 await node.worker.where.remote()
-            self.takeovers.append((node_id, time.perf_counter() - start))
 
     def _standby_takes_over(self, node: ProvisionedNode) -> None:
         """The dead worker's reservation is given back (its unit will hold a new standby)
