@@ -167,7 +167,13 @@ def as_if_alone(api: Client) -> None:
         assert served == alone, name
 
 
-@pytest.mark.parametrize("failpoint", ["call:train", "replica:copy"], ids=["in-a-step", "while-copying"])
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        pytest.param("call:train", id="in-a-step"),
+        pytest.param("replica:copy", id="while-copying", marks=pytest.mark.slow),  # the suite's time is short
+    ],
+)
 def test_a_trainer_killed_mid_step_fails_over_to_the_standby_with_its_replica_and_loses_no_step(tmp_path, failpoint):
     """Killed in a training step, or while its trainer is copied to the buddy (before the
     rollouts get the new weights): the older copy is where the job resumes."""

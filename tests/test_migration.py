@@ -17,13 +17,17 @@ from tests.service_process import ServiceProcess
 from tests.test_recovery import no_node_runs_two_jobs, wait_until
 
 PHASE_S = 0.3
-SLO = 1.75
-"""Three jobs of equal phases share a group (slowdown 1.5); a fourth would break it (2.0).
-The margin over 1.5 absorbs switching that a loaded machine adds to measured phases: with
-1.6, regrouping sometimes found three jobs no longer fit one group and moved none."""
+RESIDENT_GB = 450.0
+"""Each role's resident memory: three jobs' roles fill a node's host memory (1,600 GB
+usable), a fourth's do not fit. Memory, not the SLO, caps a group at three jobs, so the
+measured phases of a loaded machine (a slow outlier is planned as the high quantile) cannot
+stop regrouping from putting three jobs back together."""
+LOOSE_SLO = 3.0
+GUARD_SLO = 1.75
+"""Two jobs of equal phases and one twice as slow share a group at slowdown 2.0: beyond it."""
 
 
-def emulated(name: str, actual_s: float = PHASE_S) -> dict:
+def emulated(name: str, actual_s: float = PHASE_S, slo: float = LOOSE_SLO) -> dict:
     """An emulated job planned at PHASE_S per phase whose phases really take ``actual_s``."""
     return {
         "name": name,
@@ -33,9 +37,9 @@ def emulated(name: str, actual_s: float = PHASE_S) -> dict:
         "train_s": PHASE_S,
         "colo_rollout_s": 10 * PHASE_S,  # co-located seats are never worth it: groups stay as placed
         "colo_train_s": 10 * PHASE_S,
-        "slo": SLO,
-        "rollout_mem_gb": 2.0,
-        "train_mem_gb": 4.0,
+        "slo": slo,
+        "rollout_mem_gb": RESIDENT_GB,
+        "train_mem_gb": RESIDENT_GB,
         "args": {"rollout_s": actual_s, "train_s": actual_s, "rollout_mib": 2.0, "train_mib": 4.0},
     }
 
@@ -110,7 +114,13 @@ def test_regrouping_moves_running_jobs_between_workers_and_they_go_on(service):
     no_node_runs_two_jobs(api.phase_log())
 
 
-@pytest.mark.parametrize("failpoint", ["move:adopted", "move:after-transfer"])
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        pytest.param("move:adopted", marks=pytest.mark.slow),  # the suite's time is short: the later crash runs
+        "move:after-transfer",
+    ],
+)
 def test_a_control_plane_killed_in_the_middle_of_a_move_leaves_each_job_in_one_group(tmp_path, failpoint):
     process = serve(tmp_path, failpoint, extra=("--no-slo-guard",))
     try:
@@ -146,7 +156,7 @@ def test_the_slo_guard_moves_a_job_whose_phases_take_twice_its_estimate(tmp_path
     service = serve(tmp_path, extra=("--no-regroup",))
     try:
         api = Client(service.url, service.token)
-        jobs = [emulated("a"), emulated("b"), emulated("slow", actual_s=2 * PHASE_S)]
+        jobs = [emulated(n, slo=GUARD_SLO) for n in "ab"] + [emulated("slow", 2 * PHASE_S, GUARD_SLO)]
         api.request("POST", "/v1/plans", json={"jobs": jobs})
         assert len(api.request("GET", "/v1/groups")) == 1
         moves = wait_until(lambda: api.request("GET", "/v1/moves"), timeout_s=120)
@@ -162,6 +172,6 @@ def test_the_slo_guard_moves_a_job_whose_phases_take_twice_its_estimate(tmp_path
                 if e["job"] == name and e["phase"] == "train" and e["ended_at"] > moved_at + 5
             )
             periods = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-            assert len(periods) >= 5 and sum(periods) / len(periods) <= SLO * solo * 1.05, (name, periods)
+            assert len(periods) >= 5 and sum(periods) / len(periods) <= GUARD_SLO * solo * 1.05, (name, periods)
     finally:
         service.stop()

@@ -19,7 +19,7 @@ TRACE = ["data/traces/production-200jobs.trace", "--profile", "data/traces/produ
 
 def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says(tmp_path):
     out = tmp_path / "replay.json"
-    arguments = ["replay", *TRACE, "--time-scale", "150", "--window", "0", "6"]
+    arguments = ["replay", *TRACE, "--time-scale", "150", "--window", "0", "3"]
     try:
         result = runner.invoke(app, [*arguments, "--mib-per-gb", "0.05", "--json", str(out), "--out", str(tmp_path)])
     finally:
