@@ -9,14 +9,17 @@ the set partitioning by column generation, raised by an exact search over the co
 that could beat the best placement found) and reports RollMux's gap to that bound. Where
 at most ``--max-exact-jobs`` jobs run it also solves the exact optimum
 (rollmux.core.optimum, every subset, MILP) and reports the exact gap. Per trace one summary
-line; the last line is the mean gap to the bound over both traces.
+line; the last line is the mean gap to the bound over both traces. Snapshots are bounded
+in runs of consecutive ones spread over ``--workers`` processes (one per core by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +34,8 @@ from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+RUN = 8
+"""Consecutive snapshots one worker bounds in a row (warm starts carry within a run)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,20 @@ class Snapshot:
     groups: tuple[frozenset[JobSpec], ...]
 
 
+@dataclass(frozen=True)
+class Bounded:
+    """One snapshot's bound (and exact optimum when small enough), as a worker found it."""
+
+    index: int
+    snapshot: Snapshot
+    value: float
+    lp: float
+    upper: float
+    optimal: bool
+    seconds: float
+    optimum: float | None
+
+
 @dataclass
 class Tally:
     gaps: list[float] = field(default_factory=list)
@@ -49,6 +68,22 @@ class Tally:
     proven_optimal: int = 0
     bound_over_optimum: int = 0
     seconds: float = 0.0
+
+    def add(self, bounded: Bounded) -> str:
+        """Count one snapshot; its report line."""
+        snap = bounded.snapshot
+        self.seconds += bounded.seconds
+        self.gaps.append(snap.usd_h / bounded.value - 1)
+        self.proven_optimal += bounded.optimal
+        line = (
+            f"snapshot={bounded.index} jobs={len(snap.jobs)} usd_h={snap.usd_h:.2f} bound_usd_h={bounded.value:.2f} "
+            f"gap={100 * self.gaps[-1]:.2f}% lp_usd_h={bounded.lp:.2f} best_found_usd_h={bounded.upper:.2f}"
+        )
+        if bounded.optimum is not None:
+            self.exact_gaps.append(snap.usd_h / bounded.optimum - 1)
+            self.bound_over_optimum += bounded.value > bounded.optimum + 1e-6
+            line += f" optimum_usd_h={bounded.optimum:.2f} exact_gap={100 * self.exact_gaps[-1]:.2f}%"
+        return line
 
 
 def snapshots(trace: Trace, planning: Planning) -> tuple[list[Snapshot], CostModel]:
@@ -66,34 +101,55 @@ def snapshots(trace: Trace, planning: Planning) -> tuple[list[Snapshot], CostMod
     return taken, cost
 
 
-def measure(name: str, trace: Trace, args: argparse.Namespace) -> Tally:
+_CONFIGS: dict = {}
+"""Exact configurations a worker process solved (they depend on the specs only)."""
+
+
+def budget(snap: Snapshot, scale: int) -> BoundConfig:
+    """The bound's model (groups as large as RollMux's) and its work budget, ``scale`` times
+    the default: more pricing and exact search prove more snapshots, at more CPU."""
+    default = BoundConfig()
+    return BoundConfig(
+        max_group=max(RegroupConfig().max_group, max(len(g) for g in snap.groups)),
+        rounds=default.rounds * scale,
+        nodes_per_pass=default.nodes_per_pass * scale,
+        evaluations=default.evaluations * scale,
+        milp_nodes=default.milp_nodes * scale,
+    )
+
+
+def bound_run(run: list[tuple[int, Snapshot]], cost: CostModel, max_exact_jobs: int, scale: int) -> list[Bounded]:
+    """Bound consecutive snapshots in one process, each warm-started with the columns of
+    the one before (consecutive snapshots differ by one job)."""
     planning = Planning.P95
-    taken, cost = snapshots(trace, planning)
-    if args.quick:
-        taken = taken[:: args.quick]
-    tally = Tally()
-    cache: dict = {}
     warm: tuple = ()
-    for k, snap in enumerate(taken, 1):
-        largest = max(len(g) for g in snap.groups)
-        config = BoundConfig(max_group=max(RegroupConfig().max_group, largest))
+    out = []
+    for index, snap in run:
+        config = budget(snap, scale)
         start = time.perf_counter()
-        bound = lower_bound(snap.jobs, cost, planning, config, cache, (*warm, *snap.groups))
-        tally.seconds += time.perf_counter() - start
+        bound = lower_bound(snap.jobs, cost, planning, config, _CONFIGS, (*warm, *snap.groups))
+        seconds = time.perf_counter() - start
         warm = bound.columns
-        tally.gaps.append(snap.usd_h / bound.value - 1)
-        tally.proven_optimal += bound.optimal
-        line = (
-            f"trace={name} snapshot={k} jobs={len(snap.jobs)} usd_h={snap.usd_h:.2f} bound_usd_h={bound.value:.2f} "
-            f"gap={100 * tally.gaps[-1]:.2f}% lp_usd_h={bound.lp:.2f} best_found_usd_h={bound.upper:.2f}"
-        )
-        if len(snap.jobs) <= args.max_exact_jobs:
+        best = None
+        if len(snap.jobs) <= max_exact_jobs:
             best = optimum(list(snap.jobs), cost, planning, colocate=True).cost_per_hour
-            tally.exact_gaps.append(snap.usd_h / best - 1)
-            tally.bound_over_optimum += bound.value > best + 1e-6
-            line += f" optimum_usd_h={best:.2f} exact_gap={100 * tally.exact_gaps[-1]:.2f}%"
-        if not args.quiet:
-            print(line, flush=True)
+        out.append(Bounded(index, snap, bound.value, bound.lp, bound.upper, bound.optimal, seconds, best))
+    return out
+
+
+def measure(name: str, trace: Trace, args: argparse.Namespace, pool: ProcessPoolExecutor) -> Tally:
+    """Bound every (or every ``--quick``-th) snapshot, runs of consecutive snapshots spread
+    over the worker processes; lines printed in snapshot order as runs complete."""
+    taken, cost = snapshots(trace, Planning.P95)
+    chosen = list(enumerate(taken, 1))[:: max(1, args.quick)]
+    runs = [chosen[k : k + RUN] for k in range(0, len(chosen), RUN)]
+    tally = Tally()
+    repeat = [len(runs) * [value] for value in (cost, args.max_exact_jobs, args.budget_scale)]
+    for bounded_run in pool.map(bound_run, runs, *repeat):
+        for bounded in bounded_run:
+            line = tally.add(bounded)
+            if not args.quiet:
+                print(f"trace={name} {line}", flush=True)
     return tally
 
 
@@ -118,6 +174,8 @@ def main() -> None:
     parser.add_argument("--rollout-heavy-jobs", type=int, default=60)
     parser.add_argument("--quick", type=int, default=0, metavar="K", help="only every K-th snapshot")
     parser.add_argument("--quiet", action="store_true", help="only the summary lines")
+    parser.add_argument("--budget-scale", type=int, default=1, help="times the bound's default work budget")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes bounding snapshots")
     args = parser.parse_args()
     production = read_trace(
         DATA / "production-200jobs.trace",
@@ -125,8 +183,9 @@ def main() -> None:
         uniform_slo(1.2, 1.5, args.seed),
     )
     shape = TraceShape(jobs=args.rollout_heavy_jobs, mix="rollout-heavy", arrivals="uniform", seed=args.seed)
-    tallies = {"production": measure("production", production, args)}
-    tallies["rollout-heavy"] = measure("rollout-heavy", generate(shape), args)
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        tallies = {"production": measure("production", production, args, pool)}
+        tallies["rollout-heavy"] = measure("rollout-heavy", generate(shape), args, pool)
     for name, tally in tallies.items():
         print(summary(name, tally))
     gaps = [g for tally in tallies.values() for g in tally.gaps]
