@@ -606,12 +606,15 @@ class ControlPlane:
             moved += self.state.guard(self.clock())
         config = self.options.regroup
         if config is not None and self._regroup_due and not moved:
+            # Cleared before planning: an event that lands while the plan is made (in a
+            # thread) asks for another round instead of being lost with this one's answer.
+            self._regroup_due = False
             snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
             plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping)
-            if plan is None:
-                self._regroup_due = False
-            elif self._still_movable(plan, snapshot):
+            if plan is not None and self._still_movable(plan, snapshot):
                 moved += await self._start_readied(plan, snapshot)
+            if plan is not None and not moved:
+                self._regroup_due = True  # not carried out: planned again (its groups are re-examined)
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
@@ -646,9 +649,7 @@ class ControlPlane:
             done, _ = await asyncio.wait({ready}, timeout=NODES_PATIENCE_S)
             if (done and ready.exception() is not None) or not self._still_movable(plan, snapshot):
                 return []
-            moved = self.state.start_regroup(plan, self.clock(), ids)
-            self._regroup_due = not moved
-            return moved
+            return self.state.start_regroup(plan, self.clock(), ids)
         finally:
             self._warming = {}
             if ready is not None and not ready.done():

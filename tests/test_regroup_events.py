@@ -1,0 +1,81 @@
+"""The control plane's regrouping rounds and the events that ask for them, in process
+(a real control plane and SQLite store, no Ray: external jobs drive themselves). An event
+that lands while a round is planning must ask for another round: three departures within
+milliseconds once left two groups that one would serve, and nothing moved."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from rollmux.core.regroup import RegroupConfig
+from rollmux.inputs.runfile import JobSubmission
+from rollmux.service import control as control_module
+from rollmux.service.control import ControlOptions, ControlPlane
+from rollmux.service.store import Store, default_url
+
+RESIDENT_GB = 450.0  # three jobs' roles fill a node's host memory: groups of three
+
+
+def external(name: str) -> JobSubmission:
+    return JobSubmission.model_validate(
+        {
+            "name": name,
+            "kind": "external",
+            "rollout_s": 10.0,
+            "train_s": 10.0,
+            "colo_rollout_s": 100.0,
+            "colo_train_s": 100.0,
+            "slo": 3.0,
+            "rollout_mem_gb": RESIDENT_GB,
+            "train_mem_gb": RESIDENT_GB,
+        }
+    )
+
+
+async def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def departures_while_planning(tmp_path, monkeypatch) -> list[str]:
+    """Six running jobs in two groups of three; b and c leave, and e leaves while the
+    round that b and c asked for is still planning. Returns the jobs of the one group left."""
+    planning, resume = threading.Event(), threading.Event()
+    plan_regroup = control_module.plan_regroup
+
+    def slow_plan(*args, **kwargs):
+        planning.set()
+        resume.wait(timeout=10)
+        return plan_regroup(*args, **kwargs)
+
+    store = Store(default_url(tmp_path))
+    options = ControlOptions(regroup=RegroupConfig(), slo_guard=False, regroup_poll_s=0.01)
+    control = ControlPlane(store, options)
+    await control.start()
+    try:
+        names = "abcdef"
+        await control.submit([external(n) for n in names])
+        assert len(control.groups()) == 2
+        for name in names:
+            session = await control.begin_session(name, "test")
+            await control.activate(name, session["epoch"], 0)
+        await wait_for(lambda: not control._regroup_due)  # the arrivals' rounds are over
+        monkeypatch.setattr(control_module, "plan_regroup", slow_plan)
+        await control.cancel("b")
+        await control.cancel("c")
+        await wait_for(planning.is_set)  # a round plans {a}, {d, e, f}: nothing to gain
+        await control.cancel("e")  # {a} and {d, f}: one group would do
+        resume.set()
+        await wait_for(lambda: len(control.groups()) == 1, timeout_s=10)
+        return sorted(j["name"] for j in control.groups()[0]["jobs"])
+    finally:
+        resume.set()
+        await control.stop()
+        store.engine.dispose()
+
+
+def test_a_departure_during_a_regrouping_round_gets_a_round_of_its_own(tmp_path, monkeypatch):
+    assert asyncio.run(departures_while_planning(tmp_path, monkeypatch)) == ["a", "d", "f"]
