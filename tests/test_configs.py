@@ -8,6 +8,7 @@ cheapest assignment in which every job meets its SLO and every node its host mem
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 
@@ -154,6 +155,14 @@ def test_a_move_never_pushes_a_job_past_its_slo_over_its_lifetime():
     slack = {"j0": JobProgress(1000.0, 1000.0), "j3": JobProgress(1000.0, 1000.0)}
     plan = plan_regroup(lonely_pair(), RegroupConfig(), RegroupState(), slack)
     assert plan is not None and {j.name for j in plan.moved} == {"j0", "j3"}
+
+
+def test_a_wide_job_pauses_for_its_fullest_node_not_its_whole_state():
+    # Every node hands its state over at once: four rollout and two training nodes of 300 GB
+    # each pause the job as long as one node does (30 s + 0.25 s/GB x 300 GB).
+    one = job(0, 100, 100, 1.5)
+    wide = dataclasses.replace(one, rollout_width=4, train_width=2, train_mem_gb=200.0)
+    assert RegroupConfig().migration_s(wide) == RegroupConfig().migration_s(one) == 105.0
 
 
 def test_a_job_not_started_moves_without_a_pause():

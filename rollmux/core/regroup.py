@@ -16,8 +16,10 @@ exactly, at most ``evaluations`` exact searches per event (cache misses, counted
 work per event is bounded and deterministic). The MILP is capped at ``milp_nodes``
 branch-and-bound nodes with its incumbent kept; keeping every group is always feasible.
 
-Moving a job costs ``pause_s`` plus ``s_per_gb`` per GB of its resident state, during
-which it makes no progress and both its old and its new nodes are paid. A job placed at
+Moving a job costs ``pause_s`` plus ``s_per_gb`` per GB of the largest resident state one
+of its nodes holds (every node hands its state to its successor at once, as the runtime's
+transfer does: one link per node), during which it makes no progress and both its old
+and its new nodes are paid. A job placed at
 this very event (no time run yet) moves for free: it has no state yet. A move that could
 leave a job above its SLO over its lifetime is never generated: its slowdown so far, the
 pause counted as lost work, must stay within its SLO (an online planner does not know
@@ -68,9 +70,11 @@ class RegroupConfig:
     estimated by rollmux.core.configs when absent), alone or sharing them."""
 
     def migration_s(self, job: JobSpec) -> float:
-        """Time the job makes no progress while its state moves to its new nodes."""
-        state_gb = job.rollout_width * job.rollout_mem_gb + job.train_width * job.train_mem_gb
-        return self.pause_s + self.s_per_gb * state_gb
+        """Time the job makes no progress while its state moves to its new nodes: each
+        node's state travels on that node's own link, all nodes at once, so the node
+        holding the most sets the pause (a co-located job holds only its training state
+        on a node, as in the residency model)."""
+        return self.pause_s + self.s_per_gb * max(job.rollout_mem_gb, job.train_mem_gb)
 
 
 @dataclass(frozen=True)
