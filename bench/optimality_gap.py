@@ -11,6 +11,12 @@ at most ``--max-exact-jobs`` jobs run it also solves the exact optimum
 (rollmux.core.optimum, every subset, MILP) and reports the exact gap. Per trace one summary
 line; the last line is the mean gap to the bound over both traces. Snapshots are bounded
 in runs of consecutive ones spread over ``--workers`` processes (one per core by default).
+
+The bound holds for placements inside its model (``cheapest_config``'s configurations),
+so every snapshot also checks that each of RollMux's groups (each connected part of one:
+a departure can leave a group's jobs on disjoint nodes) costs at least the model's price
+for its jobs; ``outside_model`` counts the parts that do not (0 when the bound covers
+everything RollMux built).
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rollmux.core.bound import BoundConfig, lower_bound
-from rollmux.core.cluster import Cluster
+from rollmux.core.cluster import Cluster, Member
+from rollmux.core.configs import cheapest_config
 from rollmux.core.optimum import optimum
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import CostModel, JobSpec, Planning
+from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import simulate
@@ -45,6 +52,8 @@ class Snapshot:
     jobs: tuple[JobSpec, ...]
     usd_h: float
     groups: tuple[frozenset[JobSpec], ...]
+    parts: tuple[tuple[frozenset[JobSpec], float], ...]
+    """Every connected part of every group, with the price of the nodes it uses."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class Bounded:
     seconds: float
     optimum: float | None
     escalated: bool
+    outside_model: int
 
 
 @dataclass
@@ -69,6 +79,7 @@ class Tally:
     proven_optimal: int = 0
     escalated: int = 0
     bound_over_optimum: int = 0
+    outside_model: int = 0
     seconds: float = 0.0
 
     def add(self, bounded: Bounded) -> str:
@@ -78,9 +89,11 @@ class Tally:
         self.gaps.append(snap.usd_h / bounded.value - 1)
         self.proven_optimal += bounded.optimal
         self.escalated += bounded.escalated
+        self.outside_model += bounded.outside_model
         line = (
             f"snapshot={bounded.index} jobs={len(snap.jobs)} usd_h={snap.usd_h:.2f} bound_usd_h={bounded.value:.2f} "
             f"gap={100 * self.gaps[-1]:.2f}% lp_usd_h={bounded.lp:.2f} best_found_usd_h={bounded.upper:.2f}"
+            f" outside_model={bounded.outside_model}"
         )
         if bounded.optimum is not None:
             self.exact_gaps.append(snap.usd_h / bounded.optimum - 1)
@@ -98,7 +111,8 @@ def snapshots(trace: Trace, planning: Planning) -> tuple[list[Snapshot], CostMod
         jobs = tuple(cluster.jobs())
         if jobs:
             groups = tuple(frozenset(m.job for m in g.members) for g in cluster.groups.values())
-            taken.append(Snapshot(jobs, cluster.cost_per_hour(), groups))
+            parts = tuple(part for g in cluster.groups.values() for part in connected_parts(g.members, cost))
+            taken.append(Snapshot(jobs, cluster.cost_per_hour(), groups, parts))
 
     simulate(trace, RollMuxPolicy(), cost=cost, planning=planning, on_event=take, regroup=RegroupConfig())
     return taken, cost
@@ -148,8 +162,38 @@ def bound_run(run: list[tuple[int, Snapshot]], cost: CostModel, max_exact_jobs: 
         best = None
         if len(snap.jobs) <= max_exact_jobs:
             best = optimum(list(snap.jobs), cost, planning, colocate=True).cost_per_hour
-        out.append(Bounded(index, snap, bound.value, bound.lp, bound.upper, bound.optimal, seconds, best, escalated))
+        outside = outside_model(snap, cost, planning)
+        out.append(
+            Bounded(index, snap, bound.value, bound.lp, bound.upper, bound.optimal, seconds, best, escalated, outside)
+        )
     return out
+
+
+def connected_parts(members: list[Member], cost: CostModel) -> list[tuple[frozenset[JobSpec], float]]:
+    """The members linked by shared nodes, each part with the price of the nodes it uses."""
+    parts: list[tuple[set[tuple[Pool, int]], list[Member]]] = []
+    for member in members:
+        nodes = {(Pool.TRAIN, n) for n in member.train_nodes}
+        if not member.colocated:
+            nodes |= {(Pool.ROLLOUT, n) for n in member.rollout_nodes}
+        linked = [part for part in parts if part[0] & nodes]
+        merged = (nodes.union(*(p[0] for p in linked)), [member, *(m for p in linked for m in p[1])])
+        parts = [part for part in parts if part not in linked] + [merged]
+    return [(frozenset(m.job for m in group), sum(cost.price(pool) for pool, _ in nodes)) for nodes, group in parts]
+
+
+def outside_model(snap: Snapshot, cost: CostModel, planning: Planning) -> int:
+    """RollMux's connected parts of groups that cost less than the bound's model prices
+    their jobs at (the model has no configuration for them, or only a dearer one):
+    placements the bound does not cover."""
+    missed = 0
+    for group, price in snap.parts:
+        if group not in _CONFIGS:
+            ordered = sorted(group, key=lambda j: (-j.rollout.mean, j.name))
+            _CONFIGS[group] = cheapest_config(ordered, cost, planning, colocate=True)
+        config = _CONFIGS[group]
+        missed += config is None or config.cost_per_hour > price + 1e-6
+    return missed
 
 
 def measure(name: str, trace: Trace, args: argparse.Namespace, pool: ProcessPoolExecutor) -> Tally:
@@ -178,7 +222,8 @@ def summary(name: str, tally: Tally) -> str:
     return (
         f"trace={name} snapshots={len(tally.gaps)} mean_gap_to_bound={100 * statistics.fmean(tally.gaps):.2f}% "
         f"max_gap={100 * max(tally.gaps):.2f}% min_gap={100 * min(tally.gaps):.2f}% "
-        f"proven_optimal={tally.proven_optimal} escalated={tally.escalated} {exact} bound_s={tally.seconds:.1f}"
+        f"proven_optimal={tally.proven_optimal} escalated={tally.escalated} outside_model={tally.outside_model} "
+        f"{exact} bound_s={tally.seconds:.1f}"
     )
 
 

@@ -5,7 +5,10 @@ training bins: the jobs of a bin share its nodes (as many as the widest job in i
 narrower job may sit on any of them). So several trainers may share rollout nodes, a
 trainer may serve several rollout bins, and groups may have any size the SLOs allow.
 With ``colocate``, a job may also run both phases on its training bin with its
-co-located phase times (no rollout node of its own), next to disaggregated jobs.
+co-located phase times (no rollout node of its own), next to disaggregated jobs: every
+choice of which jobs co-locate is a candidate, tried in the order of a price floor and
+dropped once the floor reaches the cheapest configuration found, so the search stays
+complete for any group size without trying all 2^n choices in full.
 
 Only connected configurations count (every job reaches every other through shared
 nodes): a disconnected one is two groups, each a column of its own. In a connected
@@ -17,17 +20,18 @@ partitions failing that are pruned before the exact round-robin check.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from rollmux.core.cluster import Member
-from rollmux.core.roundrobin import steady_state
+from rollmux.core.roundrobin import lower_bounds, steady_state
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 
 _TOL = 1e-9
-MIXED_COLOCATION_MAX_JOBS = 4
-"""Above this many jobs a group is either all disaggregated or all co-located: the 2^n
-choices of which jobs co-locate are tried only for small groups."""
+
+Partition = tuple[tuple[int, ...], ...]
+"""Jobs (by index) split into bins that share nodes."""
 
 COLOCATED_RATIO_ROLLOUT = 1.98
 COLOCATED_RATIO_TRAIN = 1.03
@@ -137,25 +141,74 @@ def cheapest_config(
     items = [_Job.of(j, planning) for j in jobs]
     budget = min(j.period_budget for j in jobs) * (1 + _TOL)
     checks = checks or Checks()
+    candidates = [
+        (floor, rank, colocated)
+        for rank, colocated in enumerate(_colocated_choices(len(items), colocate))
+        if (floor := _price_floor(items, frozenset(colocated), cost, budget)) is not None
+    ]
     best: Config | None = None
-    for colocated in _colocated_choices(items, colocate):
-        found = _cheapest_with(items, frozenset(colocated), cost, planning, budget, best, checks)
+    best_rank = 0
+    for floor, rank, colocated in sorted(candidates):
+        if best is not None and floor > best.cost_per_hour + _TOL:
+            break
+        ceiling = _ceiling(best, rank < best_rank)
+        if floor >= ceiling:
+            continue
+        found = _cheapest_with(items, frozenset(colocated), cost, planning, budget, ceiling, checks)
         if found is not None:
-            best = found
+            best, best_rank = found, rank
     return best
 
 
-def _colocated_choices(items: Sequence[_Job], colocate: bool) -> Iterator[tuple[int, ...]]:
-    n = len(items)
+def _colocated_choices(n: int, colocate: bool) -> Iterator[tuple[int, ...]]:
+    """Which jobs co-locate: none, or every subset (fewest first) when allowed."""
     if not colocate:
         yield ()
         return
-    if n <= MIXED_COLOCATION_MAX_JOBS:
-        for k in range(n + 1):
-            yield from itertools.combinations(range(n), k)
-        return
-    yield ()
-    yield tuple(range(n))
+    for k in range(n + 1):
+        yield from itertools.combinations(range(n), k)
+
+
+def _ceiling(best: Config | None, earlier: bool) -> float:
+    """The price a configuration must stay below to replace ``best``: an equal price
+    wins only for a choice enumerated earlier, so ties resolve as in enumeration order."""
+    if best is None:
+        return float("inf")
+    return best.cost_per_hour + (_TOL if earlier else -_TOL)
+
+
+def _price_floor(items: Sequence[_Job], colocated: frozenset[int], cost: CostModel, budget: float) -> float | None:
+    """A price no feasible configuration with exactly ``colocated`` co-located can beat,
+    or None when a job's own chain exceeds the budget. Per pool: the widest job, the work
+    and the resident state over what one node holds, and ``ceil(m / k)`` nodes for the
+    ``m`` phase-widths longer than ``budget / (k + 1)`` (a node within the budget runs at
+    most ``k`` of them per period)."""
+    chain = [it.colo_s if i in colocated else it.rollout_s + it.train_s for i, it in enumerate(items)]
+    if max(chain) > budget:
+        return None
+    disagg = [it.spec for i, it in enumerate(items) if i not in colocated]
+    train_load = [it.colo_s if i in colocated else it.train_s for i, it in enumerate(items)]
+    rollout_load = [it.rollout_s for i, it in enumerate(items) if i not in colocated]
+    rollout = _least_nodes(disagg, rollout_load, Pool.ROLLOUT, cost, budget)
+    train = _least_nodes([it.spec for it in items], train_load, Pool.TRAIN, cost, budget)
+    return rollout * cost.price(Pool.ROLLOUT) + train * cost.price(Pool.TRAIN)
+
+
+def _least_nodes(specs: Sequence[JobSpec], load: Sequence[float], pool: Pool, cost: CostModel, budget: float) -> int:
+    if not specs:
+        return 0
+    work = sum(s.width(pool) * x for s, x in zip(specs, load, strict=True))
+    mem = sum(s.width(pool) * s.mem_gb(pool) for s in specs)
+    long_phases = (
+        math.ceil(sum(s.width(pool) for s, x in zip(specs, load, strict=True) if x > budget / (k + 1)) / k - _TOL)
+        for k in (1, 2, 3)
+    )
+    return max(
+        max(s.width(pool) for s in specs),
+        math.ceil(work / budget - _TOL),
+        math.ceil(mem / (cost.usable_dram_gb(pool) + _TOL) - _TOL),
+        *long_phases,
+    )
 
 
 def _cheapest_with(
@@ -164,10 +217,17 @@ def _cheapest_with(
     cost: CostModel,
     planning: Planning,
     budget: float,
-    incumbent: Config | None,
+    ceiling: float,
     checks: Checks,
 ) -> Config | None:
-    """Cheapest configuration with exactly ``colocated`` co-located, cheaper than ``incumbent``."""
+    """Cheapest configuration with exactly ``colocated`` co-located, priced below ``ceiling``.
+
+    A connected configuration has at most one bin more than it has disaggregated jobs:
+    a bin of ``b`` jobs links ``b - 1`` of them, ``n`` jobs need ``n - 1`` links, and the
+    rollout bins hold only the disaggregated jobs. Partitions with more bins are skipped.
+    A layout whose longest chain or most loaded node exceeds the tightest budget cannot
+    meet it (the period is at least both): it counts as a check but skips simulating.
+    """
     n = len(items)
     chain = [it.colo_s if i in colocated else it.rollout_s + it.train_s for i, it in enumerate(items)]
     if max(chain) > budget:
@@ -175,22 +235,25 @@ def _cheapest_with(
     disagg = tuple(i for i in range(n) if i not in colocated)
     rollout_load = [it.rollout_s for it in items]
     train_load = [it.colo_s if i in colocated else it.train_s for i, it in enumerate(items)]
-    rollout_parts = _priced_partitions(items, disagg, Pool.ROLLOUT, rollout_load, cost, budget)
-    train_parts = _priced_partitions(items, tuple(range(n)), Pool.TRAIN, train_load, cost, budget)
-    ceiling = incumbent.cost_per_hour - _TOL if incumbent else float("inf")
-    pairs = sorted(
-        ((pr + pt, r, t) for pr, r in rollout_parts for pt, t in train_parts if pr + pt < ceiling),
-        key=lambda pair: pair[0],
+    most_bins = len(disagg) + 1
+    train_parts = _priced_partitions(
+        items, tuple(range(n)), Pool.TRAIN, train_load, cost, budget, most_bins - min(1, len(disagg))
     )
-    for price, rbins, tbins in pairs:
-        if not _connected(n, rbins, tbins):
+    if not train_parts:
+        return None
+    rollout_parts = _priced_partitions(items, disagg, Pool.ROLLOUT, rollout_load, cost, budget, most_bins - 1)
+    for price, rbins, tbins in _pairs_by_price(rollout_parts, train_parts, ceiling):
+        if len(rbins) + len(tbins) > most_bins or not _connected(n, rbins, tbins):
             continue
         for members in _layouts(items, rbins, tbins, colocated):
             if not _fits_memory(members, cost):
                 continue
             if not checks.take():
                 return None
-            periods = steady_state([m.seat(planning) for m in members]).periods
+            seats = [m.seat(planning) for m in members]
+            if max(lower_bounds(seats)) > budget:
+                continue
+            periods = steady_state(seats).periods
             if all(p <= m.job.period_budget * (1 + _TOL) for m, p in zip(members, periods, strict=True)):
                 return Config(
                     tuple(it.spec for it in items),
@@ -204,6 +267,32 @@ def _cheapest_with(
     return None
 
 
+def _pairs_by_price(
+    rollout_parts: Sequence[tuple[float, Partition]], train_parts: Sequence[tuple[float, Partition]], ceiling: float
+) -> Iterator[tuple[float, Partition, Partition]]:
+    """Pairs of a rollout and a training partition priced below ``ceiling``, cheapest
+    first (ties in enumeration order), generated lazily: a search usually stops at the
+    first cheap pairs, so the full product is never built."""
+    rollout_at = _by_price(rollout_parts)
+    train_at = _by_price(train_parts)
+    totals: dict[float, list[tuple[float, float]]] = {}
+    for pr in rollout_at:
+        for pt in train_at:
+            if pr + pt < ceiling:
+                totals.setdefault(pr + pt, []).append((pr, pt))
+    for total in sorted(totals):
+        indices = sorted((r, t) for pr, pt in totals[total] for r in rollout_at[pr] for t in train_at[pt])
+        for r, t in indices:
+            yield total, rollout_parts[r][1], train_parts[t][1]
+
+
+def _by_price(parts: Sequence[tuple[float, Partition]]) -> dict[float, list[int]]:
+    out: dict[float, list[int]] = {}
+    for index, (price, _) in enumerate(parts):
+        out.setdefault(price, []).append(index)
+    return out
+
+
 def _priced_partitions(
     items: Sequence[_Job],
     members: tuple[int, ...],
@@ -211,37 +300,50 @@ def _priced_partitions(
     load: Sequence[float],
     cost: CostModel,
     budget: float,
+    most_bins: int,
 ) -> list[tuple[float, tuple[tuple[int, ...], ...]]]:
-    """Every partition of ``members`` into bins whose average node load and memory fit."""
-    usable = cost.usable_dram_gb(pool)
+    """Every partition of ``members`` into at most ``most_bins`` bins whose average node
+    load and memory fit."""
+    width = {i: items[i].spec.width(pool) for i in members}
+    work = {i: width[i] * load[i] for i in members}
+    mem = {i: width[i] * items[i].spec.mem_gb(pool) for i in members}
+    usable = cost.usable_dram_gb(pool) + _TOL
+    nodes_of: dict[tuple[int, ...], int | None] = {}
 
-    def fits(block: tuple[int, ...]) -> bool:
-        width = max(items[i].spec.width(pool) for i in block)
-        work = sum(items[i].spec.width(pool) * load[i] for i in block)
-        mem = sum(items[i].spec.width(pool) * items[i].spec.mem_gb(pool) for i in block)
-        return work <= budget * width and mem <= (usable + _TOL) * width
+    def block_nodes(block: tuple[int, ...]) -> int | None:
+        """The block's node count, or None when its load or memory does not fit them."""
+        if block not in nodes_of:
+            nodes = max(width[i] for i in block)
+            fits = sum(work[i] for i in block) <= budget * nodes and sum(mem[i] for i in block) <= usable * nodes
+            nodes_of[block] = nodes if fits else None
+        return nodes_of[block]
 
-    out = []
-    for bins in _partitions(members, fits):
-        nodes = sum(max(items[i].spec.width(pool) for i in block) for block in bins)
-        out.append((nodes * cost.price(pool), bins))
-    return out
+    price = cost.price(pool)
+    return [(sum(nodes_of[b] for b in bins) * price, bins) for bins in _partitions(members, block_nodes, most_bins, {})]
 
 
-def _partitions(items: tuple[int, ...], fits) -> Iterator[tuple[tuple[int, ...], ...]]:
-    """Partitions of ``items`` into blocks that each pass ``fits`` (blocks in index order)."""
+def _partitions(items: tuple[int, ...], fits, most_blocks: int, memo: dict) -> list[Partition]:
+    """Partitions of ``items`` into at most ``most_blocks`` blocks that each pass ``fits``
+    (blocks in index order); ``memo`` shares the partitions of a remainder between the
+    branches that leave it."""
     if not items:
-        yield ()
-        return
+        return [()]
+    if most_blocks <= 0:
+        return []
+    key = (items, most_blocks)
+    if key in memo:
+        return memo[key]
     first, rest = items[0], items[1:]
+    out = []
     for k in range(len(rest) + 1):
         for others in itertools.combinations(rest, k):
             block = (first, *others)
-            if not fits(block):
+            if fits(block) is None:
                 continue
             remaining = tuple(i for i in rest if i not in others)
-            for tail in _partitions(remaining, fits):
-                yield (block, *tail)
+            out.extend((block, *tail) for tail in _partitions(remaining, fits, most_blocks - 1, memo))
+    memo[key] = out
+    return out
 
 
 def _connected(n: int, *partitions: tuple[tuple[int, ...], ...]) -> bool:
