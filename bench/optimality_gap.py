@@ -227,6 +227,14 @@ def summary(name: str, tally: Tally) -> str:
     )
 
 
+def silence_stdout() -> None:
+    """Workers report through the pool, never on stdout; HiGHS's MIP solver prints debug
+    lines there from C++ now and then, which would break the one-line-per-snapshot output."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-exact-jobs", type=int, default=8, help="solve the exact optimum up to this many jobs")
@@ -245,7 +253,7 @@ def main() -> None:
         uniform_slo(1.2, 1.5, args.seed),
     )
     shape = TraceShape(jobs=args.rollout_heavy_jobs, mix="rollout-heavy", arrivals="uniform", seed=args.seed)
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, args.workers), initializer=silence_stdout) as pool:
         tallies = {"production": measure("production", production, args, pool)}
         tallies["rollout-heavy"] = measure("rollout-heavy", generate(shape), args, pool)
     for name, tally in tallies.items():

@@ -197,7 +197,8 @@ def _tally(tally: tuple, mode: _Mode, budget: float) -> tuple:
 
 def _add(pool: tuple, width: int, load: float, gb: float, budget: float) -> tuple:
     work, state, widest, crowds = pool
-    crowds = tuple(c + (width if load > budget / (k + 1) else 0) for c, k in zip(crowds, _CROWDS, strict=True))
+    if load > budget / (_CROWDS[-1] + 1):
+        crowds = tuple(c + width if load > budget / (k + 1) else c for c, k in zip(crowds, _CROWDS, strict=True))
     return work + width * load, state + width * gb, max(widest, width), crowds
 
 
@@ -269,7 +270,8 @@ class _Floor:
 
     def _of(self, members: tuple[int, ...]) -> tuple[float, float]:
         """The least floor over the members' modes; jobs with one allowed mode are
-        tallied once, the product runs over the others only."""
+        tallied once, the product runs over the others only, extending the tallies of
+        the jobs before (one addition per tally, not one per job per tally)."""
         budget = min(self.jobs[i].budget for i in members)
         fixed = _EMPTY
         flexible = []
@@ -281,11 +283,11 @@ class _Floor:
                 fixed = _tally(fixed, allowed[0], budget)
             else:
                 flexible.append(allowed)
+        tallies = [fixed]
+        for allowed in flexible:
+            tallies = [_tally(tally, mode, budget) for tally in tallies for mode in allowed]
         best = fluid = math.inf
-        for modes in itertools.product(*flexible):
-            tally = fixed
-            for mode in modes:
-                tally = _tally(tally, mode, budget)
+        for tally in tallies:
             price, flow = self._priced(tally, budget)
             best, fluid = min(best, price), min(fluid, flow)
         return best, fluid
