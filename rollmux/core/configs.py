@@ -24,6 +24,8 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from rollmux.core.cluster import Member
 from rollmux.core.roundrobin import lower_bounds, steady_state
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
@@ -141,10 +143,12 @@ def cheapest_config(
     items = [_Job.of(j, planning) for j in jobs]
     budget = min(j.period_budget for j in jobs) * (1 + _TOL)
     checks = checks or Checks()
+    choices = list(_colocated_choices(len(items), colocate))
+    floors = _price_floors(items, choices, cost, budget)
     candidates = [
-        (floor, rank, colocated)
-        for rank, colocated in enumerate(_colocated_choices(len(items), colocate))
-        if (floor := _price_floor(items, frozenset(colocated), cost, budget)) is not None
+        (float(floor), rank, colocated)
+        for rank, (colocated, floor) in enumerate(zip(choices, floors, strict=True))
+        if math.isfinite(floor)
     ]
     best: Config | None = None
     best_rank = 0
@@ -177,38 +181,36 @@ def _ceiling(best: Config | None, earlier: bool) -> float:
     return best.cost_per_hour + (_TOL if earlier else -_TOL)
 
 
-def _price_floor(items: Sequence[_Job], colocated: frozenset[int], cost: CostModel, budget: float) -> float | None:
-    """A price no feasible configuration with exactly ``colocated`` co-located can beat,
-    or None when a job's own chain exceeds the budget. Per pool: the widest job, the work
-    and the resident state over what one node holds, and ``ceil(m / k)`` nodes for the
-    ``m`` phase-widths longer than ``budget / (k + 1)`` (a node within the budget runs at
-    most ``k`` of them per period)."""
-    chain = [it.colo_s if i in colocated else it.rollout_s + it.train_s for i, it in enumerate(items)]
-    if max(chain) > budget:
-        return None
-    disagg = [it.spec for i, it in enumerate(items) if i not in colocated]
-    train_load = [it.colo_s if i in colocated else it.train_s for i, it in enumerate(items)]
-    rollout_load = [it.rollout_s for i, it in enumerate(items) if i not in colocated]
-    rollout = _least_nodes(disagg, rollout_load, Pool.ROLLOUT, cost, budget)
-    train = _least_nodes([it.spec for it in items], train_load, Pool.TRAIN, cost, budget)
-    return rollout * cost.price(Pool.ROLLOUT) + train * cost.price(Pool.TRAIN)
+def _price_floors(items: Sequence[_Job], choices: Sequence[tuple[int, ...]], cost: CostModel, budget: float):
+    """For every choice of co-located jobs, a price no feasible configuration with exactly
+    those co-located can beat (inf when a job's own chain exceeds the budget). Per pool:
+    the widest job, the work and the resident state over what one node holds, and
+    ``ceil(m / k)`` nodes for the ``m`` phase-widths longer than ``budget / (k + 1)`` (a
+    node within the budget runs at most ``k`` of them per period). All choices at once."""
+    colocated = np.zeros((len(choices), len(items)), dtype=bool)
+    for row, choice in enumerate(choices):
+        colocated[row, list(choice)] = True
+    disagg = ~colocated
+    chain = np.where(colocated, [it.colo_s for it in items], [it.rollout_s + it.train_s for it in items])
+    specs = [it.spec for it in items]
+    rollout = _least_nodes(disagg, [it.rollout_s for it in items], specs, Pool.ROLLOUT, cost, budget)
+    train_load = np.where(colocated, [it.colo_s for it in items], [it.train_s for it in items])
+    train = _least_nodes(np.ones_like(colocated), train_load, specs, Pool.TRAIN, cost, budget)
+    floors = rollout * cost.price(Pool.ROLLOUT) + train * cost.price(Pool.TRAIN)
+    return np.where((chain > budget).any(axis=1), np.inf, floors)
 
 
-def _least_nodes(specs: Sequence[JobSpec], load: Sequence[float], pool: Pool, cost: CostModel, budget: float) -> int:
-    if not specs:
-        return 0
-    work = sum(s.width(pool) * x for s, x in zip(specs, load, strict=True))
-    mem = sum(s.width(pool) * s.mem_gb(pool) for s in specs)
-    long_phases = (
-        math.ceil(sum(s.width(pool) for s, x in zip(specs, load, strict=True) if x > budget / (k + 1)) / k - _TOL)
-        for k in (1, 2, 3)
-    )
-    return max(
-        max(s.width(pool) for s in specs),
-        math.ceil(work / budget - _TOL),
-        math.ceil(mem / (cost.usable_dram_gb(pool) + _TOL) - _TOL),
-        *long_phases,
-    )
+def _least_nodes(members, load, specs: Sequence[JobSpec], pool: Pool, cost: CostModel, budget: float):
+    """Per row of the ``members`` mask: the fewest nodes of ``pool`` its members can fit."""
+    width = members * np.array([s.width(pool) for s in specs])
+    load = np.broadcast_to(np.asarray(load, dtype=float), width.shape)
+    work = (width * load).sum(axis=1)
+    state = (width * np.array([s.mem_gb(pool) for s in specs])).sum(axis=1)
+    nodes = np.maximum(width.max(axis=1), np.ceil(work / budget - _TOL))
+    nodes = np.maximum(nodes, np.ceil(state / (cost.usable_dram_gb(pool) + _TOL) - _TOL))
+    for k in (1, 2, 3):
+        nodes = np.maximum(nodes, np.ceil((width * (load > budget / (k + 1))).sum(axis=1) / k - _TOL))
+    return nodes
 
 
 def _cheapest_with(
@@ -301,49 +303,63 @@ def _priced_partitions(
     cost: CostModel,
     budget: float,
     most_bins: int,
-) -> list[tuple[float, tuple[tuple[int, ...], ...]]]:
+) -> list[tuple[float, Partition]]:
     """Every partition of ``members`` into at most ``most_bins`` bins whose average node
-    load and memory fit."""
-    width = {i: items[i].spec.width(pool) for i in members}
-    work = {i: width[i] * load[i] for i in members}
-    mem = {i: width[i] * items[i].spec.mem_gb(pool) for i in members}
+    load and memory fit. Bins are bit masks over ``members`` while searching; each set's
+    node count and fit is computed once, from the set without its lowest member."""
+    width = [items[i].spec.width(pool) for i in members]
+    work = [w * load[i] for w, i in zip(width, members, strict=True)]
+    mem = [w * items[i].spec.mem_gb(pool) for w, i in zip(width, members, strict=True)]
     usable = cost.usable_dram_gb(pool) + _TOL
-    nodes_of: dict[tuple[int, ...], int | None] = {}
-
-    def block_nodes(block: tuple[int, ...]) -> int | None:
-        """The block's node count, or None when its load or memory does not fit them."""
-        if block not in nodes_of:
-            nodes = max(width[i] for i in block)
-            fits = sum(work[i] for i in block) <= budget * nodes and sum(mem[i] for i in block) <= usable * nodes
-            nodes_of[block] = nodes if fits else None
-        return nodes_of[block]
-
+    size = 1 << len(members)
+    nodes, works, mems, fitting = [0] * size, [0.0] * size, [0.0] * size, [0] * size
+    for mask in range(1, size):
+        low = mask & -mask
+        k, rest = low.bit_length() - 1, mask ^ low
+        nodes[mask] = max(nodes[rest], width[k])
+        works[mask], mems[mask] = works[rest] + work[k], mems[rest] + mem[k]
+        fits = works[mask] <= budget * nodes[mask] and mems[mask] <= usable * nodes[mask]
+        fitting[mask] = nodes[mask] if fits else 0
     price = cost.price(pool)
-    return [(sum(nodes_of[b] for b in bins) * price, bins) for bins in _partitions(members, block_nodes, most_bins, {})]
+    named = {}
+    out = []
+    for masks in _partitions((1 << len(members)) - 1, fitting, most_bins, {}, {}):
+        bins = tuple(named.get(m) or named.setdefault(m, _members_of(m, members)) for m in masks)
+        out.append((sum(fitting[m] for m in masks) * price, bins))
+    return out
 
 
-def _partitions(items: tuple[int, ...], fits, most_blocks: int, memo: dict) -> list[Partition]:
-    """Partitions of ``items`` into at most ``most_blocks`` blocks that each pass ``fits``
-    (blocks in index order); ``memo`` shares the partitions of a remainder between the
-    branches that leave it."""
-    if not items:
+def _members_of(mask: int, members: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(member for bit, member in enumerate(members) if mask >> bit & 1)
+
+
+def _partitions(mask: int, fitting: list[int], most_blocks: int, memo: dict, orders: dict) -> list[tuple[int, ...]]:
+    """Partitions of the set ``mask`` into at most ``most_blocks`` fitting blocks, in the
+    order of the first member's block-mates by size then lexicographically (as
+    ``itertools.combinations`` gives them); ``memo`` shares the partitions of a remainder
+    between the branches that leave it."""
+    if not mask:
         return [()]
     if most_blocks <= 0:
         return []
-    key = (items, most_blocks)
-    if key in memo:
-        return memo[key]
-    first, rest = items[0], items[1:]
-    out = []
-    for k in range(len(rest) + 1):
-        for others in itertools.combinations(rest, k):
-            block = (first, *others)
-            if fits(block) is None:
-                continue
-            remaining = tuple(i for i in rest if i not in others)
-            out.extend((block, *tail) for tail in _partitions(remaining, fits, most_blocks - 1, memo))
-    memo[key] = out
-    return out
+    key = (mask, most_blocks)
+    if key not in memo:
+        low = mask & -mask
+        out: list[tuple[int, ...]] = []
+        for mates in _submasks(mask ^ low, orders):
+            block = low | mates
+            if fitting[block]:
+                out.extend((block, *tail) for tail in _partitions(mask ^ block, fitting, most_blocks - 1, memo, orders))
+        memo[key] = out
+    return memo[key]
+
+
+def _submasks(mask: int, orders: dict) -> list[int]:
+    """Every subset of ``mask``, by size then lexicographically by member."""
+    if mask not in orders:
+        bits = [1 << b for b in range(mask.bit_length()) if mask >> b & 1]
+        orders[mask] = [sum(c) for k in range(len(bits) + 1) for c in itertools.combinations(bits, k)]
+    return orders[mask]
 
 
 def _connected(n: int, *partitions: tuple[tuple[int, ...], ...]) -> bool:
