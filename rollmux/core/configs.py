@@ -181,7 +181,9 @@ def _ceiling(best: Config | None, earlier: bool) -> float:
     return best.cost_per_hour + (_TOL if earlier else -_TOL)
 
 
-def _price_floors(items: Sequence[_Job], choices: Sequence[tuple[int, ...]], cost: CostModel, budget: float):
+def _price_floors(
+    items: Sequence[_Job], choices: Sequence[tuple[int, ...]], cost: CostModel, budget: float
+) -> np.ndarray:
     """For every choice of co-located jobs, a price no feasible configuration with exactly
     those co-located can beat (inf when a job's own chain exceeds the budget). Per pool:
     the widest job, the work and the resident state over what one node holds, and
@@ -200,7 +202,14 @@ def _price_floors(items: Sequence[_Job], choices: Sequence[tuple[int, ...]], cos
     return np.where((chain > budget).any(axis=1), np.inf, floors)
 
 
-def _least_nodes(members, load, specs: Sequence[JobSpec], pool: Pool, cost: CostModel, budget: float):
+def _least_nodes(
+    members: np.ndarray,
+    load: np.ndarray | Sequence[float],
+    specs: Sequence[JobSpec],
+    pool: Pool,
+    cost: CostModel,
+    budget: float,
+) -> np.ndarray:
     """Per row of the ``members`` mask: the fewest nodes of ``pool`` its members can fit."""
     width = members * np.array([s.width(pool) for s in specs])
     load = np.broadcast_to(np.asarray(load, dtype=float), width.shape)
