@@ -135,6 +135,41 @@ def test_one_co_located_job_among_four_disaggregated_ones():
     assert best.colocated == (4,) and feasible(list(best.members))
 
 
+def one_trainer_oracle(jobs: list[JobSpec]) -> float:
+    """The cheapest feasible assignment with every job on one training node, by brute
+    force over which jobs co-locate and how the others share rollout nodes."""
+    best = float("inf")
+    for colocated in itertools.product((False, True), repeat=len(jobs)):
+        disagg = [i for i, colo in enumerate(colocated) if not colo]
+        for rollouts in labelings(len(disagg)):
+            rollout_of = {i: 1000 + label for i, label in zip(disagg, rollouts, strict=True)}
+            members = [
+                Member(with_colocated_times(j), (0,), (0,), colocated=True)
+                if colo
+                else Member(j, (rollout_of[i],), (0,))
+                for i, (j, colo) in enumerate(zip(jobs, colocated, strict=True))
+            ]
+            price = len(set(rollouts)) * R + T
+            if price < best and feasible(members):
+                best = price
+    return best
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(100, 400), st.integers(10, 60), st.floats(1.2, 2.0), st.floats(0.3, 1.0)),
+        min_size=5,
+        max_size=5,
+    )
+)
+def test_five_jobs_sharing_a_trainer_never_beat_the_search(drawn):
+    jobs = [job(i, r, t, s, mem=150.0, colo=c) for i, (r, t, s, c) in enumerate(drawn)]
+    expected = one_trainer_oracle(jobs)
+    found = cheapest_config(jobs, COST, Planning.P95, colocate=True)
+    assert expected == float("inf") or (found is not None and found.cost_per_hour <= expected + 1e-9)
+
+
 def test_regrouping_merges_three_plus_one_into_one_group_of_four():
     cluster = Cluster()
     jobs = [job(i, 300, 50, 1.5) for i in range(4)]
