@@ -98,14 +98,20 @@ def test_optimum_equals_the_brute_force_assignment_oracle(drawn):
     assert optimum(jobs, COST, Planning.P95).cost_per_hour == pytest.approx(oracle(jobs))
 
 
+def colocatable(
+    rollout: tuple[int, int],
+    train: tuple[int, int],
+    slo: tuple[float, float],
+    colo: tuple[float, float],
+    size: tuple[int, int],
+):
+    """Lists of (rollout s, train s, SLO, co-located/disaggregated rollout ratio) draws."""
+    draw = st.tuples(st.integers(*rollout), st.integers(*train), st.floats(*slo), st.floats(*colo))
+    return st.lists(draw, min_size=size[0], max_size=size[1])
+
+
 @settings(max_examples=20, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(20, 400), st.integers(20, 400), st.floats(1.0, 2.0), st.floats(0.6, 2.0)),
-        min_size=1,
-        max_size=3,
-    )
-)
+@given(colocatable((20, 400), (20, 400), (1.0, 2.0), (0.6, 2.0), (1, 3)))
 def test_optimum_with_colocation_equals_the_oracle(drawn):
     jobs = [job(i, r, t, s, colo=c) for i, (r, t, s, c) in enumerate(drawn)]
     assert optimum(jobs, COST, Planning.P95, colocate=True).cost_per_hour == pytest.approx(oracle(jobs, colocate=True))
@@ -156,13 +162,7 @@ def one_trainer_oracle(jobs: list[JobSpec]) -> float:
 
 
 @settings(max_examples=12, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(100, 400), st.integers(10, 60), st.floats(1.2, 2.0), st.floats(0.3, 1.0)),
-        min_size=5,
-        max_size=5,
-    )
-)
+@given(colocatable((100, 400), (10, 60), (1.2, 2.0), (0.3, 1.0), (5, 5)))
 def test_five_jobs_sharing_a_trainer_never_beat_the_search(drawn):
     jobs = [job(i, r, t, s, mem=150.0, colo=c) for i, (r, t, s, c) in enumerate(drawn)]
     expected = one_trainer_oracle(jobs)
