@@ -30,12 +30,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rollmux.core.bound import BoundConfig, lower_bound
-from rollmux.core.cluster import Cluster, Member
+from rollmux.core.cluster import Cluster, Group
 from rollmux.core.configs import cheapest_config
 from rollmux.core.optimum import optimum
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
+from rollmux.core.roundrobin import components
+from rollmux.core.spec import CostModel, JobSpec, Planning
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import simulate
@@ -111,7 +112,7 @@ def snapshots(trace: Trace, planning: Planning) -> tuple[list[Snapshot], CostMod
         jobs = tuple(cluster.jobs())
         if jobs:
             groups = tuple(frozenset(m.job for m in g.members) for g in cluster.groups.values())
-            parts = tuple(part for g in cluster.groups.values() for part in connected_parts(g.members, cost))
+            parts = tuple(part for g in cluster.groups.values() for part in connected_parts(cluster, g))
             taken.append(Snapshot(jobs, cluster.cost_per_hour(), groups, parts))
 
     simulate(trace, RollMuxPolicy(), cost=cost, planning=planning, on_event=take, regroup=RegroupConfig())
@@ -169,17 +170,16 @@ def bound_run(run: list[tuple[int, Snapshot]], cost: CostModel, max_exact_jobs: 
     return out
 
 
-def connected_parts(members: list[Member], cost: CostModel) -> list[tuple[frozenset[JobSpec], float]]:
-    """The members linked by shared nodes, each part with the price of the nodes it uses."""
-    parts: list[tuple[set[tuple[Pool, int]], list[Member]]] = []
-    for member in members:
-        nodes = {(Pool.TRAIN, n) for n in member.train_nodes}
-        if not member.colocated:
-            nodes |= {(Pool.ROLLOUT, n) for n in member.rollout_nodes}
-        linked = [part for part in parts if part[0] & nodes]
-        merged = (nodes.union(*(p[0] for p in linked)), [member, *(m for p in linked for m in p[1])])
-        parts = [part for part in parts if part not in linked] + [merged]
-    return [(frozenset(m.job for m in group), sum(cost.price(pool) for pool, _ in nodes)) for nodes, group in parts]
+def connected_parts(cluster: Cluster, group: Group) -> list[tuple[frozenset[JobSpec], float]]:
+    """The group's members linked by shared nodes (the round robin's components), each
+    part with the price of the nodes it uses."""
+    seats = group.seats(cluster.planning)
+    parts = []
+    for part in components(seats):
+        nodes = {n for i in part for n in (*seats[i].rollout_nodes, *seats[i].train_nodes)}
+        price = sum(cluster.cost.price(cluster.node_pool[n]) for n in nodes)
+        parts.append((frozenset(group.members[i].job for i in part), price))
+    return parts
 
 
 def outside_model(snap: Snapshot, cost: CostModel, planning: Planning) -> int:

@@ -231,7 +231,8 @@ def _cheapest_with(
     ceiling: float,
     checks: Checks,
 ) -> Config | None:
-    """Cheapest configuration with exactly ``colocated`` co-located, priced below ``ceiling``.
+    """Cheapest configuration with exactly ``colocated`` co-located, priced below ``ceiling``
+    (every job's own chain within the budget: ``_price_floors`` dropped the others).
 
     A connected configuration has at most one bin more than it has disaggregated jobs:
     a bin of ``b`` jobs links ``b - 1`` of them, ``n`` jobs need ``n - 1`` links, and the
@@ -240,9 +241,6 @@ def _cheapest_with(
     meet it (the period is at least both): it counts as a check but skips simulating.
     """
     n = len(items)
-    chain = [it.colo_s if i in colocated else it.rollout_s + it.train_s for i, it in enumerate(items)]
-    if max(chain) > budget:
-        return None
     disagg = tuple(i for i in range(n) if i not in colocated)
     rollout_load = [it.rollout_s for it in items]
     train_load = [it.colo_s if i in colocated else it.train_s for i, it in enumerate(items)]

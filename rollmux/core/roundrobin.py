@@ -189,7 +189,7 @@ def _common_shift(now: tuple[float, ...], before: tuple[float, ...]) -> float | 
     return None
 
 
-def _components(seats: Sequence[Seat]) -> list[list[int]]:
+def components(seats: Sequence[Seat]) -> list[list[int]]:
     """Seats grouped by shared nodes: each component is an irreducible max-plus system."""
     parent = list(range(len(seats)))
 
@@ -235,7 +235,7 @@ def steady_state(seats: Sequence[Seat], order: Order | None = None) -> SteadySta
     order = order or fcfs_order(seats)
     periods = [0.0] * len(seats)
     exact = True
-    for members in _components(seats):
+    for members in components(seats):
         position = {seat: k for k, seat in enumerate(members)}
         sub = [seats[i] for i in members]
         sub_order = Order(
