@@ -19,6 +19,7 @@ partitions failing that are pruned before the exact round-robin check.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -277,13 +278,12 @@ def _cheapest_with(
 
 
 def _pairs_by_price(
-    rollout_parts: Sequence[tuple[float, Partition]], train_parts: Sequence[tuple[float, Partition]], ceiling: float
+    rollout_parts: _Parts, train_parts: _Parts, ceiling: float
 ) -> Iterator[tuple[float, Partition, Partition]]:
     """Pairs of a rollout and a training partition priced below ``ceiling``, cheapest
     first (ties in enumeration order), generated lazily: a search usually stops at the
-    first cheap pairs, so the full product is never built."""
-    rollout_at = _by_price(rollout_parts)
-    train_at = _by_price(train_parts)
+    first cheap pairs, so the full product is never built (nor most bins named)."""
+    rollout_at, train_at = rollout_parts.shape.at, train_parts.shape.at
     totals: dict[float, list[tuple[float, float]]] = {}
     for pr in rollout_at:
         for pt in train_at:
@@ -292,14 +292,42 @@ def _pairs_by_price(
     for total in sorted(totals):
         indices = sorted((r, t) for pr, pt in totals[total] for r in rollout_at[pr] for t in train_at[pt])
         for r, t in indices:
-            yield total, rollout_parts[r][1], train_parts[t][1]
+            yield total, rollout_parts.bins(r), train_parts.bins(t)
 
 
-def _by_price(parts: Sequence[tuple[float, Partition]]) -> dict[float, list[int]]:
-    out: dict[float, list[int]] = {}
-    for index, (price, _) in enumerate(parts):
-        out.setdefault(price, []).append(index)
-    return out
+@dataclass(frozen=True)
+class _Shape:
+    """Every partition of a pool's jobs that fits, as bit masks with its price, and the
+    partitions at each price. It depends only on which subsets fit on how many nodes, and
+    the same fits recur across searches, so shapes are shared (read only)."""
+
+    priced: tuple[tuple[float, tuple[int, ...]], ...]
+    at: dict[float, list[int]]
+
+
+@functools.lru_cache(maxsize=8192)
+def _shape(fitting: tuple[int, ...], most_bins: int, price: float) -> _Shape:
+    partitions = _partitions(len(fitting) - 1, fitting, most_bins, {})
+    priced = tuple((count * price, masks) for count, masks in partitions)
+    at: dict[float, list[int]] = {}
+    for index, (total, _) in enumerate(priced):
+        at.setdefault(total, []).append(index)
+    return _Shape(priced, at)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """A pool's partitions: a shape over ``members`` (bins named as job indices only
+    when a search reaches them)."""
+
+    members: tuple[int, ...]
+    shape: _Shape
+
+    def __bool__(self) -> bool:
+        return bool(self.shape.priced)
+
+    def bins(self, index: int) -> Partition:
+        return tuple(_members_of(mask, self.members) for mask in self.shape.priced[index][1])
 
 
 def _priced_partitions(
@@ -310,7 +338,7 @@ def _priced_partitions(
     cost: CostModel,
     budget: float,
     most_bins: int,
-) -> list[tuple[float, Partition]]:
+) -> _Parts:
     """Every partition of ``members`` into at most ``most_bins`` bins whose average node
     load and memory fit. Bins are bit masks over ``members`` while searching; each set's
     node count and fit is computed once, from the set without its lowest member."""
@@ -327,46 +355,42 @@ def _priced_partitions(
         works[mask], mems[mask] = works[rest] + work[k], mems[rest] + mem[k]
         fits = works[mask] <= budget * nodes[mask] and mems[mask] <= usable * nodes[mask]
         fitting[mask] = nodes[mask] if fits else 0
-    price = cost.price(pool)
-    named = {}
-    out = []
-    for masks in _partitions((1 << len(members)) - 1, fitting, most_bins, {}, {}):
-        bins = tuple(named.get(m) or named.setdefault(m, _members_of(m, members)) for m in masks)
-        out.append((sum(fitting[m] for m in masks) * price, bins))
-    return out
+    return _Parts(members, _shape(tuple(fitting), most_bins, cost.price(pool)))
 
 
+@functools.cache
 def _members_of(mask: int, members: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(member for bit, member in enumerate(members) if mask >> bit & 1)
 
 
-def _partitions(mask: int, fitting: list[int], most_blocks: int, memo: dict, orders: dict) -> list[tuple[int, ...]]:
-    """Partitions of the set ``mask`` into at most ``most_blocks`` fitting blocks, in the
-    order of the first member's block-mates by size then lexicographically (as
-    ``itertools.combinations`` gives them); ``memo`` shares the partitions of a remainder
-    between the branches that leave it."""
+def _partitions(mask: int, fitting: Sequence[int], most_blocks: int, memo: dict) -> list[tuple[int, tuple[int, ...]]]:
+    """Partitions of the set ``mask`` into at most ``most_blocks`` fitting blocks, each
+    with its node count, in the order of the first member's block-mates by size then
+    lexicographically (as ``itertools.combinations`` gives them); ``memo`` shares the
+    partitions of a remainder between the branches that leave it."""
     if not mask:
-        return [()]
+        return [(0, ())]
     if most_blocks <= 0:
         return []
     key = (mask, most_blocks)
     if key not in memo:
         low = mask & -mask
-        out: list[tuple[int, ...]] = []
-        for mates in _submasks(mask ^ low, orders):
+        out: list[tuple[int, tuple[int, ...]]] = []
+        for mates in _submasks(mask ^ low):
             block = low | mates
-            if fitting[block]:
-                out.extend((block, *tail) for tail in _partitions(mask ^ block, fitting, most_blocks - 1, memo, orders))
+            count = fitting[block]
+            if count:
+                tails = _partitions(mask ^ block, fitting, most_blocks - 1, memo)
+                out.extend((count + rest, (block, *tail)) for rest, tail in tails)
         memo[key] = out
     return memo[key]
 
 
-def _submasks(mask: int, orders: dict) -> list[int]:
+@functools.cache
+def _submasks(mask: int) -> tuple[int, ...]:
     """Every subset of ``mask``, by size then lexicographically by member."""
-    if mask not in orders:
-        bits = [1 << b for b in range(mask.bit_length()) if mask >> b & 1]
-        orders[mask] = [sum(c) for k in range(len(bits) + 1) for c in itertools.combinations(bits, k)]
-    return orders[mask]
+    bits = [1 << b for b in range(mask.bit_length()) if mask >> b & 1]
+    return tuple(sum(c) for k in range(len(bits) + 1) for c in itertools.combinations(bits, k))
 
 
 def _connected(n: int, *partitions: tuple[tuple[int, ...], ...]) -> bool:
