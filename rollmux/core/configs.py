@@ -358,7 +358,7 @@ def _priced_partitions(
     return _Parts(members, _shape(tuple(fitting), most_bins, cost.price(pool)))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1 << 16)
 def _members_of(mask: int, members: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(member for bit, member in enumerate(members) if mask >> bit & 1)
 
