@@ -22,8 +22,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import numpy as np
 
@@ -302,7 +303,7 @@ class _Shape:
     the same fits recur across searches, so shapes are shared (read only)."""
 
     priced: tuple[tuple[float, tuple[int, ...]], ...]
-    at: dict[float, list[int]]
+    at: Mapping[float, tuple[int, ...]]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -312,7 +313,7 @@ def _shape(fitting: tuple[int, ...], most_bins: int, price: float) -> _Shape:
     at: dict[float, list[int]] = {}
     for index, (total, _) in enumerate(priced):
         at.setdefault(total, []).append(index)
-    return _Shape(priced, at)
+    return _Shape(priced, MappingProxyType({total: tuple(indices) for total, indices in at.items()}))
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,7 @@ def _partitions(mask: int, fitting: Sequence[int], most_blocks: int, memo: dict)
     return memo[key]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1 << 12)
 def _submasks(mask: int) -> tuple[int, ...]:
     """Every subset of ``mask``, by size then lexicographically by member."""
     bits = [1 << b for b in range(mask.bit_length()) if mask >> b & 1]
