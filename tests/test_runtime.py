@@ -231,6 +231,18 @@ def test_worker_fences_out_older_grants_and_epochs():
     assert node.call("a", "rollout", 2, 7, "generate", 0)["iteration"] == 0
 
 
+def test_a_one_call_phase_wakes_runs_and_sleeps_the_role_in_one_call():
+    node = worker()
+    batch, (wake_s, busy_s, sleep_s) = node.run_phase("a", "rollout", 1, 3, "generate", 0)
+    assert batch["iteration"] == 0 and wake_s > 0 and busy_s > 0 and sleep_s > 0
+    assert node.awake is None and not node.roles[("a", "rollout")].state.awake and node.fence == 3
+    with pytest.raises(StaleEpoch, match="grant 2 of b is older than grant 3"):
+        node.run_phase("b", "rollout", 1, 2, "generate", 0)
+    with pytest.raises(AttributeError):
+        node.run_phase("b", "rollout", 1, 4, "no_such_method")
+    assert node.awake is None and not node.roles[("b", "rollout")].state.awake  # asleep although it raised
+
+
 def test_an_emptied_worker_serves_its_next_node_and_still_fences_out_its_old_jobs():
     node = worker()
     node.wake("a", "rollout", 1, 5)

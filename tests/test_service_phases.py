@@ -82,6 +82,21 @@ def test_two_jobs_alternate_on_their_shared_nodes(service):
     assert [api.request("GET", f"/v1/jobs/{n}")["state"] for n in "ab"] == ["done", "done"]
 
 
+def test_metrics_reported_in_a_phase_are_recorded_with_its_release(service):
+    api = submit(service, "a")
+    with api.running("a") as turns:
+        for iteration in range(2):
+            turns.release(turns.acquire("rollout"), 0.01)
+            turns.release(turns.acquire("train"), 0.01, report=({"loss": 1.0 / (iteration + 1)}, None))
+    assert api.request("GET", "/v1/jobs/a/metrics") == [{"loss": 1.0}, {"loss": 0.5}]
+    with pytest.raises(ServiceError, match="progress"):
+        api.request(
+            "POST",
+            "/v1/jobs/a/phases/train/release",
+            json={"epoch": 1, "token": 1, "busy_s": 0, "progress": {"iteration": -1, "metrics": {}}},
+        )
+
+
 def test_a_stale_epoch_is_refused_and_nothing_changes(service):
     api = submit(service, "a")
     old = api.session("a")

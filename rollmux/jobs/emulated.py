@@ -9,12 +9,9 @@ resident memory scaled down (by default 1 MiB per GB).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
@@ -35,6 +32,9 @@ class EmulatedConfig:
     colo_rollout_s: float | None = None
     """Phase times when seated co-located (both phases on its training nodes), if known."""
     colo_train_s: float | None = None
+    one_call_phases: bool = True
+    """Each phase one call per node (wake, wait, sleep in one round trip); False: three,
+    as a job written with plain ``phase`` blocks makes (for bench/phase_switch.py)."""
 
     def phase_s(self, phase_name: str, colocated: bool) -> float:
         if colocated and self.colo_rollout_s is not None and self.colo_train_s is not None:
@@ -66,47 +66,39 @@ class EmulatedRole:
 
 @dataclass(frozen=True)
 class EmulatedJob:
+    """Its progress is the iterations the control plane counted (a training phase counts
+    once its release is recorded), so it keeps no checkpoint of its own: a restart
+    resumes there, repeating a step at most, never skipping one."""
+
     config: EmulatedConfig
     iterations: int
-    checkpoint: str | None = None
 
     @classmethod
     def from_context(cls, context: JobContext) -> EmulatedJob:
-        return cls(EmulatedConfig(**context.args), context.iterations, context.checkpoint)
+        return cls(EmulatedConfig(**context.args), context.iterations)
 
     def role_factory(self, phase_name: str):
         return partial(EmulatedRole, self.config.rollout_mib if phase_name == "rollout" else self.config.train_mib)
 
-    def resume_from(self) -> int:
-        if not self.checkpoint or not Path(self.checkpoint).exists():
-            return 0
-        return int(json.loads(Path(self.checkpoint).read_text())["iterations"])
-
     def run(self, session: Session) -> list[dict[str, float]]:
+        """Each phase is one call per node (wake, wait, sleep in one round trip, unless told
+        otherwise), and the iteration's report goes with the training phase's release: a
+        phase switch costs one Ray call per node and one or two requests to the control plane."""
         history = []
-        for iteration in range(self.resume_from(), self.iterations):
-            with phase("rollout"):
+        one_call = self.config.one_call_phases
+        for iteration in range(session.iteration, self.iterations):
+            with phase("rollout", one_call=one_call):
                 seconds = self.config.phase_s("rollout", session.colocated)
                 session.call_all("rollout", "work", self._left(session, seconds), collective=False)
-            with phase("train"):
+            with phase("train", one_call=one_call):
                 history.append(session.report({"iteration": float(iteration)}, iteration))
                 seconds = self.config.phase_s("train", session.colocated)
                 ray.get(session.call_all("train", "work", self._left(session, seconds), collective=False))
-            self._checkpoint(iteration + 1)  # once its release is recorded: a crash repeats a step, never skips it
         return history
 
     @staticmethod
     def _left(session: Session, seconds: float) -> float:
         """What remains of a phase of ``seconds`` from grant to release: its switching (the
-        wake already done, the offload and hand-back to come) is part of it, as it is part
-        of a profiled GPU phase."""
+        wake and offload to come, the hand-back) is part of it, as it is part of a
+        profiled GPU phase."""
         return seconds - session.since_grant() - session.handback_s
-
-    def _checkpoint(self, iterations: int) -> None:
-        """The iterations done, written atomically (the emulated state needs no more)."""
-        if not self.checkpoint:
-            return
-        path = Path(self.checkpoint)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps({"iterations": iterations}))
-        os.replace(temporary, path)

@@ -67,6 +67,10 @@ class Session:
         or came from its replica (None: it resumed from its checkpoint, or started)."""
         self._buddy: Any = None
         self._deferred_sync: ray.ObjectRef | None = None
+        self._one_call: _OneCall | None = None
+        """The phase held now is made of one call per node (see :class:`phase`)."""
+        self._report: tuple[dict[str, float], int | None] | None = None
+        """Metrics reported inside the phase held now: they go with its release."""
 
     @property
     def colocated(self) -> bool:
@@ -91,7 +95,9 @@ class Session:
             self.workers[node] = worker_of(node)
         return self.workers[node]
 
-    def enter(self, phase: str) -> None:
+    def enter(self, phase: str, one_call: bool = False) -> None:
+        """Wait for the grant of ``phase`` and wake the job's roles on its nodes; with
+        ``one_call`` the roles stay asleep until the phase's one :meth:`call_all`."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
         if self.grant is not None:
@@ -101,24 +107,32 @@ class Session:
         self.grant = grant
         if grant.rollout_nodes or grant.train_nodes:  # the job may have moved since its last phase
             self.rollout_nodes, self.train_nodes = grant.rollout_nodes, grant.train_nodes
-        wakes = [w.wake.remote(self.job, phase, self.epoch, grant.token) for w in self._granted_workers()]
-        self._wake_s = max(ray.get(wakes))
+        self._one_call = _OneCall() if one_call else None
+        if not one_call:
+            wakes = [w.wake.remote(self.job, phase, self.epoch, grant.token) for w in self._granted_workers()]
+            self._wake_s = max(ray.get(wakes))
         self._started = time.perf_counter()
 
     def leave(self, phase: str) -> None:
         grant = self.grant
         assert grant is not None and grant.phase == phase, f"{self.job}: left {phase} without holding it"
-        busy_s = time.perf_counter() - self._started
         workers = self._granted_workers()
-        sleeps = [w.sleep.remote(self.job, phase, self.epoch, grant.token) for w in workers]
-        self.grant = None
-        sleep_s = max(ray.get(sleeps))
+        one_call, self._one_call = self._one_call, None
+        if one_call is not None:
+            wake_s, busy_s, sleep_s = one_call.timing
+            self.grant = None
+        else:
+            wake_s, busy_s = self._wake_s, time.perf_counter() - self._started
+            sleeps = [w.sleep.remote(self.job, phase, self.epoch, grant.token) for w in workers]
+            self.grant = None
+            sleep_s = max(ray.get(sleeps))
         if phase == TRAIN and self.replicas:
             self._replicate(workers[0], grant.token, grant.iteration + 1)
         if self._deferred_sync is not None:
             published, self._deferred_sync = self._deferred_sync, None
             self._deliver(published)
-        self.turns.release(grant, busy_s, self._wake_s, sleep_s)
+        report, self._report = self._report, None
+        self.turns.release(grant, busy_s, wake_s, sleep_s, report)
         handback = time.perf_counter() - self._started - busy_s
         self.handback_s = handback if self.handback_s == 0 else 0.8 * self.handback_s + 0.2 * handback
 
@@ -134,6 +148,8 @@ class Session:
         """
         if self.grant is None or self.grant.phase != phase:
             raise RuntimeError(f"{self.job}: {phase} role called outside its phase")
+        if self._one_call is not None:
+            raise RuntimeError(f"{self.job}: a one-call {phase} phase runs its roles with call_all")
         ref = self._granted_workers()[0].call.remote(self.job, phase, self.epoch, self.grant.token, method, *args)
         ray.wait([ref], fetch_local=False)
         return ref
@@ -147,6 +163,8 @@ class Session:
             raise RuntimeError(f"{self.job}: {phase} role called outside its phase")
         grant = self.grant
         workers = self._granted_workers()
+        if self._one_call is not None:
+            return self._one_call.run(self, workers, method, args, collective)
         if collective and len(workers) > 1 and self._groups.get(phase) != grant.nodes:
             self._build_group(phase, grant.nodes, workers)
         refs = [w.call.remote(self.job, phase, self.epoch, grant.token, method, *args) for w in workers]
@@ -217,8 +235,40 @@ class Session:
         """Tell the control plane how the job is doing (default: the iteration just trained);
         returns the metrics stamped with the seconds since the session began."""
         stamped = {"elapsed_s": time.time() - self.began, **metrics}
-        self.turns.report(stamped, iteration)
+        if self.grant is not None:
+            self._report = (stamped, iteration)  # sent with the phase's release: no round trip of its own
+        else:
+            self.turns.report(stamped, iteration)
         return stamped
+
+
+class _OneCall:
+    """A phase whose work is one call per node: each worker wakes the role, runs the call
+    and puts the role back to sleep in one round trip (three otherwise), which is what a
+    switch costs most of where phases are short (an emulated trace at a high time scale)."""
+
+    def __init__(self) -> None:
+        self.timing = (0.0, 0.0, 0.0)
+        """(wake_s, busy_s, sleep_s), the slowest node's each; zeros until the call ran."""
+        self.called = False
+
+    def run(
+        self, session: Session, workers: list[Any], method: str, args: tuple[Any, ...], collective: bool
+    ) -> list[ray.ObjectRef]:
+        grant = session.grant
+        assert grant is not None
+        if self.called:
+            raise RuntimeError(f"{session.job}: a one-call {grant.phase} phase calls its roles once")
+        if collective and len(workers) > 1:
+            raise RuntimeError(f"{session.job}: a one-call phase has no process group; pass collective=False")
+        self.called = True
+        job, epoch = session.job, session.epoch
+        calls = [w.run_phase.remote(job, grant.phase, epoch, grant.token, method, *args) for w in workers]
+        results = [result for result, _ in calls]
+        ray.wait(results, num_returns=len(results), fetch_local=False)
+        timings = ray.get([timing for _, timing in calls])
+        self.timing = tuple(max(t[i] for t in timings) for i in range(3))  # type: ignore[assignment]
+        return results
 
 
 def attach(session: Session | None) -> None:
@@ -234,15 +284,20 @@ def current_session() -> Session:
 
 
 class phase(ContextDecorator):  # noqa: N801 - reads as a keyword: `with rollmux.phase("rollout"):`
-    """Context manager and decorator marking one phase of the job's iteration."""
+    """Context manager and decorator marking one phase of the job's iteration.
 
-    def __init__(self, name: str):
+    ``one_call=True`` declares that the phase's work is one ``call_all`` (no process
+    group): the roles then wake, work and sleep in that one round trip per node.
+    """
+
+    def __init__(self, name: str, one_call: bool = False):
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
         self.name = name
+        self.one_call = one_call
 
     def __enter__(self) -> phase:
-        current_session().enter(self.name)
+        current_session().enter(self.name, self.one_call)
         return self
 
     def __exit__(self, *exc: object) -> bool:

@@ -227,31 +227,57 @@ class PoolWorker:
         """Bring the job's role onto the device for the grant ``token``; apply weights
         delivered while it slept. A role still awake from a revoked grant is put to sleep."""
         with self.running:
-            self._check_epoch(job, epoch, exact=True)
-            if token < self.fence:
-                raise StaleEpoch(f"node {self.node_id}: grant {token} of {job} is older than grant {self.fence}")
-            self.fence = token
-            seconds = 0.0
-            key = (job, phase)
-            if self.awake is not None and self.awake != key and self.awake in self.roles:
-                seconds += _sleep(self.roles[self.awake])
-            role = self._role(key)
-            self._check_residency(f"waking {job}'s {phase} role")
-            seconds += _wake(role)
-            self.awake = key
-            if phase == ROLLOUT and job in self.pending_weights:
-                version, weights = self.pending_weights.pop(job)
-                start = time.perf_counter()
-                role.load_weights(version, weights)  # type: ignore[attr-defined]
-                role.state.weights_loaded()
-                seconds += time.perf_counter() - start
-            return seconds
+            return self._wake(job, phase, epoch, token)
 
     def sleep(self, job: str, phase: str, epoch: int, token: int) -> float:
         with self.running:
-            self._check_holder(job, phase, epoch, token)
-            self.awake = None
-            return _sleep(self._role((job, phase)))
+            return self._sleep_holder(job, phase, epoch, token)
+
+    @ray.method(num_returns=2)
+    def run_phase(
+        self, job: str, phase: str, epoch: int, token: int, method: str, *args: Any
+    ) -> tuple[Any, tuple[float, float, float]]:
+        """A whole phase in one round trip, for phases whose work is one call per node: wake
+        the role for grant ``token``, run ``method``, put the role back to sleep (also when
+        the method raised). Two returns, so the result stays its own object (a rollout batch
+        goes to the trainer by reference): the result, and (wake_s, busy_s, sleep_s)."""
+        with self.running:
+            wake_s = self._wake(job, phase, epoch, token)
+            started = time.perf_counter()
+            try:
+                result = self._run(job, phase, epoch, token, method, *args)
+            finally:
+                busy_s = time.perf_counter() - started
+                sleep_s = self._sleep_holder(job, phase, epoch, token) if self.awake == (job, phase) else 0.0
+            return result, (wake_s, busy_s, sleep_s)
+
+    def _wake(self, job: str, phase: str, epoch: int, token: int) -> float:
+        """:meth:`wake`, with the node's execution lock held."""
+        self._check_epoch(job, epoch, exact=True)
+        if token < self.fence:
+            raise StaleEpoch(f"node {self.node_id}: grant {token} of {job} is older than grant {self.fence}")
+        self.fence = token
+        seconds = 0.0
+        key = (job, phase)
+        if self.awake is not None and self.awake != key and self.awake in self.roles:
+            seconds += _sleep(self.roles[self.awake])
+        role = self._role(key)
+        self._check_residency(f"waking {job}'s {phase} role")
+        seconds += _wake(role)
+        self.awake = key
+        if phase == ROLLOUT and job in self.pending_weights:
+            version, weights = self.pending_weights.pop(job)
+            start = time.perf_counter()
+            role.load_weights(version, weights)  # type: ignore[attr-defined]
+            role.state.weights_loaded()
+            seconds += time.perf_counter() - start
+        return seconds
+
+    def _sleep_holder(self, job: str, phase: str, epoch: int, token: int) -> float:
+        """Put the grant holder's role back to sleep, with the node's execution lock held."""
+        self._check_holder(job, phase, epoch, token)
+        self.awake = None
+        return _sleep(self._role((job, phase)))
 
     def deliver(self, job: str, epoch: int, published: tuple[int, dict]) -> int:
         """Receive a job's new weights (version, tensors) for its rollout role; they are
@@ -278,20 +304,24 @@ class PoolWorker:
     def call(self, job: str, phase: str, epoch: int, token: int, method: str, *args: Any) -> Any:
         """Run one method of the job's role; only while its grant is the node's newest."""
         with self.running:
-            self._check_epoch(job, epoch, exact=True)
-            state = self._role((job, phase)).state
-            if not state.awake:
-                raise PhaseNotGranted(f"{job} called {method} on node {self.node_id} outside its phase")
-            if state.needs_weights:
-                raise WeightsDiscarded(
-                    f"{job}'s {phase} role on node {self.node_id} was discarded and got no weights since"
-                )
-            self._check_holder(job, phase, epoch, token)
-            failpoint(f"call:{method}")
-            from rollmux.runtime.ranks import ALONE, serving
+            return self._run(job, phase, epoch, token, method, *args)
 
-            with serving(self.ranks.get((job, phase), ALONE)):
-                return getattr(self.roles[(job, phase)], method)(*args)
+    def _run(self, job: str, phase: str, epoch: int, token: int, method: str, *args: Any) -> Any:
+        """:meth:`call`, with the node's execution lock held."""
+        self._check_epoch(job, epoch, exact=True)
+        state = self._role((job, phase)).state
+        if not state.awake:
+            raise PhaseNotGranted(f"{job} called {method} on node {self.node_id} outside its phase")
+        if state.needs_weights:
+            raise WeightsDiscarded(
+                f"{job}'s {phase} role on node {self.node_id} was discarded and got no weights since"
+            )
+        self._check_holder(job, phase, epoch, token)
+        failpoint(f"call:{method}")
+        from rollmux.runtime.ranks import ALONE, serving
+
+        with serving(self.ranks.get((job, phase), ALONE)):
+            return getattr(self.roles[(job, phase)], method)(*args)
 
     def open_group(self, job: str, phase: str, epoch: int) -> tuple[str, int]:
         """As rank 0 of the job's wide ``phase`` role: serve the rendezvous of its group."""

@@ -143,16 +143,23 @@ class ActivateBody(EpochBody):
     )
 
 
+class Progress(_Body):
+    iteration: int = Field(ge=0, le=10**9)
+    metrics: dict[Annotated[str, Field(max_length=64)], float] = Field(max_length=64)
+
+
 class ReleaseBody(EpochBody):
     token: int = Field(ge=0, le=2**62, description="the grant's fencing token")
     busy_s: float = Field(ge=0, le=1e7, description="measured duration of the phase's work")
     wake_s: float = Field(default=0.0, ge=0, le=1e7)
     sleep_s: float = Field(default=0.0, ge=0, le=1e7)
+    progress: Progress | None = Field(
+        default=None, description="metrics reported during the phase, recorded with its release"
+    )
 
 
-class ProgressBody(EpochBody):
-    iteration: int = Field(ge=0, le=10**9)
-    metrics: dict[Annotated[str, Field(max_length=64)], float] = Field(max_length=64)
+class ProgressBody(EpochBody, Progress):
+    pass
 
 
 class CompleteBody(EpochBody):
@@ -461,7 +468,8 @@ def create_app(control: ControlPlane, token: str) -> Any:
         ``then_wait_s``, the job's next phase is asked for in the same call (``next``)."""
         timing = PhaseTiming(body.busy_s, body.wake_s, body.sleep_s)
         with _errors_as_http():
-            grant = await control.release(name, phase, body.epoch, body.token, timing, then_wait_s)
+            progress = (body.progress.iteration, body.progress.metrics) if body.progress else None
+            grant = await control.release(name, phase, body.epoch, body.token, timing, then_wait_s, progress)
         return JSONResponse(
             {"status": "released", "next": _grant_view(control, grant) if then_wait_s is not None else None}
         )

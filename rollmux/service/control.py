@@ -302,11 +302,21 @@ class ControlPlane:
         return await self._acquire(name, phase, epoch, wait_s)
 
     async def release(
-        self, name: str, phase: str, epoch: int, token: int, timing: PhaseTiming, then_wait_s: float | None = None
+        self,
+        name: str,
+        phase: str,
+        epoch: int,
+        token: int,
+        timing: PhaseTiming,
+        then_wait_s: float | None = None,
+        progress: tuple[int, dict[str, float]] | None = None,
     ) -> Grant | None:
-        """Hand the phase back; with ``then_wait_s``, ask for the job's next phase in the same
-        call (one round trip and one commit per phase switch for jobs that go straight on)."""
+        """Hand the phase back, recording the metrics (iteration, metrics) reported during
+        it first; with ``then_wait_s``, ask for the job's next phase in the same call (one
+        round trip and one commit per phase switch for jobs that go straight on)."""
         await self._live(name)
+        if progress is not None:
+            self._record_progress(name, epoch, *progress)
         self.state.release(name, phase, epoch, token, timing, self.clock())
         if then_wait_s is None:
             await self._persist()
@@ -331,9 +341,12 @@ class ControlPlane:
 
     async def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float]) -> None:
         await self._live(name)
+        self._record_progress(name, epoch, iteration, metrics)
+        await self._persist()
+
+    def _record_progress(self, name: str, epoch: int, iteration: int, metrics: dict[str, float]) -> None:
         self.state.report(name, epoch, iteration, metrics, self.clock())
         self.last_metrics[name] = dict(metrics)
-        await self._persist()
 
     async def complete(self, name: str, epoch: int, error: str) -> dict[str, Any]:
         """The job's driver ends it: done, or failed with ``error``. Answered again if retried."""
