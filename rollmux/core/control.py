@@ -285,6 +285,8 @@ class ControlState:
         self._delta = Delta()
         self._dirty_jobs: set[str] = set()
         self._dirty_groups: set[int] = set()
+        self._written: dict[str, int] = {}
+        """The id counters as last drained: only those that moved are written again."""
 
     # --- admission ---------------------------------------------------------------------
 
@@ -434,8 +436,7 @@ class ControlState:
             job.iteration += 1
             self._count_period(name, now)
         job.grant, job.last_token = None, token
-        self._touch(job)
-        self._touch_group(group.id)
+        self._touch(job)  # its group's row (its nodes) is unchanged: a phase switch writes one row
         self._learn(job, phase, now - granted_at)
         turns = self.turns[group.id]
         self._grant_due(group, now, {turns.due(node) for node in freed})
@@ -739,8 +740,10 @@ class ControlState:
             delta.jobs[name] = self.record(name)
         for group_id in self._dirty_groups:
             delta.groups[group_id] = self._group_record(group_id)
-        delta.counters = {"next_seq": self.next_seq, "next_token": self.next_token}
-        delta.counters["next_node"], delta.counters["next_group"] = self.cluster.next_ids
+        counters = {"next_seq": self.next_seq, "next_token": self.next_token}
+        counters["next_node"], counters["next_group"] = self.cluster.next_ids
+        delta.counters = {name: value for name, value in counters.items() if self._written.get(name) != value}
+        self._written.update(delta.counters)
         for name in self._dirty_jobs:
             if self.jobs[name].state in ENDED_STATES:
                 del self.jobs[name]
