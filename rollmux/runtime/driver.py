@@ -131,20 +131,20 @@ def _load_roles(
     return None, "checkpoint"
 
 
+REMOTE_HOST = ray.remote(DriverHost)
+"""One actor class for every driver host (Ray exports a class once per class object)."""
+
+
 def start_host(capacity: int) -> tuple[str, ray.actor.ActorHandle]:
     """A new detached driver host for up to ``capacity`` drivers at once, and its name."""
     name = f"{HOST_PREFIX}{uuid.uuid4().hex[:12]}"
-    handle = (
-        ray.remote(DriverHost)
-        .options(
-            name=name,
-            namespace=NAMESPACE,
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=2 * capacity + 2,  # a watcher per driver, and `pid` and `drivers` answer
-        )
-        .remote()
-    )
+    handle = REMOTE_HOST.options(
+        name=name,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        num_cpus=0,
+        max_concurrency=2 * capacity + 2,  # a watcher per driver, and `pid` and `drivers` answer
+    ).remote()
     return name, handle
 
 

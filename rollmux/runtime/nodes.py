@@ -43,6 +43,9 @@ WORKER_PREFIX = "rollmux-worker-"
 STANDBY_PREFIX = "rollmux-standby-"
 STANDBY_PATIENCE_S = 10.0
 """A standby that does not answer for this long is taken for dead."""
+REMOTE_WORKER = ray.remote(PoolWorker)
+"""One actor class for every worker: Ray exports (pickles and fingerprints) a class once per
+class object, which would otherwise be paid again at every node readied."""
 
 
 def pool_resources(rollout_nodes: int, train_nodes: int) -> dict[str, float]:
@@ -154,21 +157,17 @@ class NodeProvisioner:
 
     def _worker(self, name: str, pool: Pool, group: PlacementGroup) -> ray.actor.ActorHandle:
         """A worker inside the reservation ``group``."""
-        return (
-            ray.remote(PoolWorker)
-            .options(
-                name=name,
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=0,
-                num_gpus=self.gpus_per_node.get(pool, 0.0),
-                resources={POOL_RESOURCE[pool]: 1.0},
-                max_concurrency=4,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-            )
-            .remote(pool.value, self.host_limit_bytes)
-        )
+        return REMOTE_WORKER.options(
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            num_gpus=self.gpus_per_node.get(pool, 0.0),
+            resources={POOL_RESOURCE[pool]: 1.0},
+            max_concurrency=4,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+        ).remote(pool.value, self.host_limit_bytes)
 
     def top_up(self, spares: bool = True) -> None:
         """Start standbys (and spares, unless not asked) until each pool has ``standby`` and
