@@ -74,3 +74,17 @@ def test_a_kill_is_charged_to_each_job_it_interrupted_from_the_logs():
     assert (by_job["a"]["steps_lost"], by_job["a"]["downtime_s"], by_job["a"]["recovery_s"]) == (1, 2.0, 2.0)
     assert (by_job["b"]["steps_lost"], by_job["b"]["detected_s"], by_job["b"]["downtime_s"]) == (0, 1.0, 3.5)
     assert by_job["a"]["downtime_trace_s"] == 200.0 and found["recovery_steps_lost"] == 1
+
+
+def test_a_second_replay_into_the_same_folder_is_refused_before_it_touches_anything(tmp_path):
+    from rollmux.cli.replay import sole_writer
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "rollmux.db").write_text("the first replay's control plane")
+    with sole_writer(tmp_path):
+        result = runner.invoke(
+            app, ["replay", *TRACE, "--time-scale", "150", "--window", "0", "1", "--out", str(tmp_path)]
+        )
+    assert result.exit_code == 2
+    assert "another replay (pid " in result.output and "pass another --out" in result.output
+    assert (tmp_path / "state" / "rollmux.db").read_text() == "the first replay's control plane"

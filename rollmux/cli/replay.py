@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rollmux.core.errors import RollMuxError
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import CostModel, Planning, Pool
 from rollmux.inputs.trace import Trace
@@ -31,6 +36,29 @@ one that waits for capacity the simulation had."""
 COMPARED = ("cost_usd", "cost_usd_per_hour", "cost_node_hours", "slo_attainment", "mean_slowdown", "p99_slowdown")
 
 
+class OutputBusy(RollMuxError):
+    """Another replay is writing to the same output folder."""
+
+
+@contextmanager
+def sole_writer(out: Path) -> Iterator[None]:
+    """One replay per output folder, held until it ends: a second one would delete the
+    first one's control-plane state under it and mix their results."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "replay.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "a process"
+            raise OutputBusy(f"{out}: another replay ({holder}) is writing here; pass another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        yield
+
+
 def execute(
     trace: Trace,
     options: replay.ReplayOptions,
@@ -42,6 +70,20 @@ def execute(
     slo_guard: bool = False,
 ) -> dict[str, Any]:
     """Simulate the trace, replay it live, and write both side by side."""
+    with sole_writer(out):
+        return _execute(trace, options, out, console, seed, planning, regroup, slo_guard)
+
+
+def _execute(
+    trace: Trace,
+    options: replay.ReplayOptions,
+    out: Path,
+    console: Console,
+    seed: int,
+    planning: Planning,
+    regroup: bool,
+    slo_guard: bool,
+) -> dict[str, Any]:
     simulated = compare(trace, ["rollmux"], seed=seed, planning=planning, regroup=RegroupConfig() if regroup else None)
     sim = simulated.results["rollmux"]
     summary = sim.summary()
