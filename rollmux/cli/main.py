@@ -507,7 +507,7 @@ def replay(
 ) -> None:
     """Replay a trace on the live system (control plane, local Ray, one emulated job per
     trace job) in time divided by K, next to the simulator's run of the same trace."""
-    from rollmux.cli.replay import execute, write
+    from rollmux.cli.replay import execute, sole_writer, write
     from rollmux.runtime.replay import ReplayOptions, window
 
     loaded = _load_trace(trace, profile, slo_uniform, seed)
@@ -516,7 +516,8 @@ def replay(
             raise ValueError(f"--window: {hours[0]} to {hours[1]} hours is not a window")
         loaded = window(loaded, *hours)
     options = ReplayOptions(time_scale, mib_per_gb, standby_workers=standby, kill_every_s=kill_every, kill_seed=seed)
-    report = execute(loaded, options, out_dir, out, seed, planning, regroup, slo_guard)
+    with sole_writer(out_dir):
+        report = execute(loaded, options, out_dir, out, seed, planning, regroup, slo_guard)
     if json_out:
         write(report, json_out)
         out.print(f"results: {json_out}")

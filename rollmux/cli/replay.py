@@ -69,21 +69,8 @@ def execute(
     regroup: bool,
     slo_guard: bool = False,
 ) -> dict[str, Any]:
-    """Simulate the trace, replay it live, and write both side by side."""
-    with sole_writer(out):
-        return _execute(trace, options, out, console, seed, planning, regroup, slo_guard)
-
-
-def _execute(
-    trace: Trace,
-    options: replay.ReplayOptions,
-    out: Path,
-    console: Console,
-    seed: int,
-    planning: Planning,
-    regroup: bool,
-    slo_guard: bool,
-) -> dict[str, Any]:
+    """Simulate the trace, replay it live, and write both side by side (hold the output
+    folder first: :func:`sole_writer`)."""
     simulated = compare(trace, ["rollmux"], seed=seed, planning=planning, regroup=RegroupConfig() if regroup else None)
     sim = simulated.results["rollmux"]
     summary = sim.summary()
