@@ -148,8 +148,15 @@ class Service:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.control.ready:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+            if not self._thread.is_alive():
                 raise RollMuxError("the embedded control plane did not start (see the log above)")
+            if time.monotonic() > deadline:
+                warm = self.options.warm
+                raise RollMuxError(
+                    f"the embedded control plane was not ready after {timeout_s:g} s: it starts its warm processes "
+                    f"first ({warm.spare_workers if warm else 0} spare and {warm.standby_workers if warm else 0} "
+                    "standby workers per pool), a few seconds of CPU each; keep fewer"
+                )
             time.sleep(0.05)
         return self
 
