@@ -88,6 +88,9 @@ def test_metrics_reported_in_a_phase_are_recorded_with_its_release(service):
         for iteration in range(2):
             turns.release(turns.acquire("rollout"), 0.01)
             turns.release(turns.acquire("train"), 0.01, report=({"loss": 1.0 / (iteration + 1)}, None))
+        refused = {"epoch": turns.epoch, "token": 999, "busy_s": 0, "progress": {"iteration": 5, "metrics": {"x": 9}}}
+        with pytest.raises(ServiceError, match="without holding it"):  # no grant held: nothing recorded
+            api.request("POST", "/v1/jobs/a/phases/train/release", json=refused)
     assert api.request("GET", "/v1/jobs/a/metrics") == [{"loss": 1.0}, {"loss": 0.5}]
     with pytest.raises(ServiceError, match="progress"):
         api.request(

@@ -311,13 +311,14 @@ class ControlPlane:
         then_wait_s: float | None = None,
         progress: tuple[int, dict[str, float]] | None = None,
     ) -> Grant | None:
-        """Hand the phase back, recording the metrics (iteration, metrics) reported during
-        it first; with ``then_wait_s``, ask for the job's next phase in the same call (one
-        round trip and one commit per phase switch for jobs that go straight on)."""
+        """Hand the phase back, then record the metrics (iteration, metrics) reported during
+        it (a release refused records none); with ``then_wait_s``, ask for the job's next
+        phase in the same call (one round trip and one commit per phase switch for jobs
+        that go straight on)."""
         await self._live(name)
+        self.state.release(name, phase, epoch, token, timing, self.clock())
         if progress is not None:
             self._record_progress(name, epoch, *progress)
-        self.state.release(name, phase, epoch, token, timing, self.clock())
         if then_wait_s is None:
             await self._persist()
             return None
