@@ -144,3 +144,23 @@ def test_report_refuses_a_file_that_is_not_a_result(tmp_path):
     bogus.write_text('{"policies": {}}')
     result = CliRunner().invoke(app, ["report", str(bogus)])
     assert result.exit_code == 2 and "not a `rollmux simulate --json` result" in result.output
+
+
+def test_jobs_leaving_together_are_not_regrouped_between_their_departures(monkeypatch):
+    """A window's jobs all leave at its end: one regrouping after the last of them, none in
+    between (re-placing jobs that leave the same instant would charge moves for nothing)."""
+    from rollmux.runtime.replay import window
+    from rollmux.sim import simulator
+
+    seen: list[int] = []
+    regroup = simulator._regroup
+    monkeypatch.setattr(
+        simulator, "_regroup", lambda cluster, *args: (seen.append(len(list(cluster.jobs()))), regroup(cluster, *args))
+    )
+    trace = read_trace(
+        DATA / "production-200jobs.trace", load_profile(DATA / "production-profile.json"), uniform_slo(1.2, 1.5, 0)
+    )
+    three_hours = window(trace, 0, 3)
+    leaving_at_end = sum(job.departure == 3 * 3600 for job in three_hours.jobs)
+    simulate(three_hours, RollMuxPolicy(), regroup=RegroupConfig())
+    assert leaving_at_end > 1 and seen[-1] == 0 and seen[-2] == leaving_at_end

@@ -241,8 +241,10 @@ def simulate(
     """Replay ``trace`` under ``policy``; ``on_event`` sees the cluster after every event.
 
     With ``realise``, slowdowns and SLOs are those of sampled phase times (see Realisation).
-    With ``regroup``, running jobs are re-placed after each event when it pays; each
-    migration is charged in dollars and in the moved jobs' lost progress.
+    With ``regroup``, running jobs are re-placed after each event when it pays (once
+    after events at the same instant: jobs leaving together are not re-placed between
+    their departures); each migration is charged in dollars and in the moved jobs' lost
+    progress.
     With ``failures``, held nodes fail and recover (see rollmux.sim.failures); standby
     nodes are charged and each interrupted job's lost time counts against its work.
     """
@@ -254,7 +256,8 @@ def simulate(
     result.jobs = {j.spec.name: JobAccount(j.spec) for j in trace.jobs}
     rates = _rates(cluster, realise, cache)
     now = 0.0
-    for event in events(trace):
+    timeline = events(trace)
+    for index, event in enumerate(timeline):
         _accrue(result, rates, event.time - now)
         if injector:
             _fail(result, rates, injector.interval(cluster, now, event.time))
@@ -263,7 +266,8 @@ def simulate(
             place(cluster, policy, event.job.spec)
         else:
             cluster.remove(event.job.spec.name)
-        if regroup:
+        last_at_this_time = index + 1 == len(timeline) or timeline[index + 1].time > now
+        if regroup and last_at_this_time:
             _regroup(cluster, regroup, result, state)
         rates = _rates(cluster, realise, cache)
         result.cost_rate.append((now, rates.cost_per_hour))
