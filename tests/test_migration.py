@@ -48,7 +48,9 @@ def serve(tmp_path, failpoint: str | None = None, extra: tuple[str, ...] = ()) -
     if failpoint:  # one crash in whichever process gets there first (workers inherit the variables)
         os.environ[VARIABLE], os.environ[ONCE_VARIABLE] = failpoint, str(tmp_path / "failpoint-fired")
     try:
-        arguments = ("--rollout-nodes", "6", "--train-nodes", "6", "--lease-s", "3", *extra)
+        # Moves priced at a pause of a phase's length: jobs a few iterations old can afford them.
+        migration = ("--migration-pause-s", str(PHASE_S), "--migration-s-per-gb", "0")
+        arguments = ("--rollout-nodes", "6", "--train-nodes", "6", "--lease-s", "3", *migration, *extra)
         return ServiceProcess(tmp_path / "state", extra=arguments).start(timeout_s=120)
     finally:
         os.environ.pop(VARIABLE, None)

@@ -8,10 +8,12 @@ from rollmux.core.control import DONE, RUNNING, ControlState, PhaseTiming
 from rollmux.core.regroup import RegroupConfig, RegroupState
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Pool
 from rollmux.service.store import Store
-from tests.test_control import control, running
+from tests.test_control import control, running, spec
 
 SLO = 1.6
 """Three jobs of 1 s + 1 s phases fit a group (slowdown 1.5), four do not (2.0)."""
+FREE_MOVES = RegroupConfig(pause_s=0.0, s_per_gb=0.0)
+"""Moves without a pause: jobs seconds old could not afford one within their SLO."""
 
 
 def start(state: ControlState, names: str, now: float = 0.0) -> dict[str, int]:
@@ -42,7 +44,7 @@ def test_regrouping_moves_jobs_at_their_phase_boundary_and_keeps_their_old_nodes
     grant = state.acquire("a", "rollout", epochs["a"], 2.0)
     old_nodes = set(grant.nodes)
     state.drain()
-    moved = state.regroup(RegroupConfig(), RegroupState(), 3.0)
+    moved = state.regroup(FREE_MOVES, RegroupState(), 3.0)
     assert sorted(moved) == ["a", "d", "f"], "the three left over share one new group"
     delta = state.drain()
     assert "a" not in delta.movable, "a holds a grant: it moves at its phase boundary"
@@ -70,7 +72,7 @@ def test_regrouping_moves_jobs_at_their_phase_boundary_and_keeps_their_old_nodes
 def test_the_nodes_a_moving_job_still_holds_are_nobody_elses():
     state, epochs = half_empty()
     grant = state.acquire("d", "rollout", epochs["d"], 2.0)
-    state.regroup(RegroupConfig(), RegroupState(), 3.0)
+    state.regroup(FREE_MOVES, RegroupState(), 3.0)
     state.finish_move("f", epochs["f"], state.jobs["f"].move.decided_at, 0, 3.5)
     for turns in state.turns.values():
         assert all(turns.holder.get(n) in (None, "d") for n in grant.nodes)
@@ -83,7 +85,7 @@ def test_a_move_survives_a_restart_of_the_control_plane(tmp_path):
     state, epochs = half_empty()
     store.apply([state.drain()])
     grant = state.acquire("a", "rollout", epochs["a"], 2.0)
-    moved = state.regroup(RegroupConfig(), RegroupState(), 3.0)
+    moved = state.regroup(FREE_MOVES, RegroupState(), 3.0)
     store.apply([state.drain()])
     again = ControlState.restore(store.load(), CostModel(), DEFAULT_PLANNING, state.policy, 10.0)
     assert again.moving() == state.moving() and sorted(again.moving()) == sorted(moved)
@@ -99,7 +101,7 @@ def test_a_move_survives_a_restart_of_the_control_plane(tmp_path):
 def test_a_job_lost_while_moving_abandons_its_move_and_frees_its_old_nodes():
     state, epochs = half_empty()
     state.acquire("a", "rollout", epochs["a"], 2.0)
-    state.regroup(RegroupConfig(), RegroupState(), 3.0)
+    state.regroup(FREE_MOVES, RegroupState(), 3.0)
     state.drain()
     state.lose("a", 4.0, "lease expired")
     delta = state.drain()
@@ -132,7 +134,41 @@ def test_the_slo_guard_moves_the_job_whose_measured_phases_break_the_group():
 
 def test_moves_keep_the_pools_of_their_nodes():
     state, _ = half_empty()
-    state.regroup(RegroupConfig(), RegroupState(), 3.0)
+    state.regroup(FREE_MOVES, RegroupState(), 3.0)
     for name in state.moving():
         move = state.jobs[name].move
         assert {p for n, p in move.origin if n in move.rollout_from} == {Pool.ROLLOUT}
+
+
+def test_jobs_not_started_yet_are_reseated_at_once_without_a_move():
+    """As the simulator regroups an arriving job for free, a job placed but never run holds
+    no state: regrouping seats it anew, and its old nodes go back at once."""
+    state = control()
+    for name in "abcdef":
+        state.submit(spec(name, slo=SLO), {}, 0.0)
+    for name in "bce":
+        state.end(name, DONE, 1.0)
+    before = held_nodes(state)
+    moved = state.regroup(RegroupConfig(), RegroupState(), 2.0)
+    assert sorted(moved) == ["a", "d", "f"] and len(state.cluster.groups) == 1
+    delta = state.drain()
+    assert not delta.moves and not delta.movable and state.moving() == []
+    assert {e.job for e in delta.events if e.kind == "reseated"} == {"a", "d", "f"}
+    now_held = (before | {n.node for n in delta.nodes if n.held}) - {n.node for n in delta.nodes if not n.held}
+    assert now_held == set(state.cluster.node_pool), "nodes no seat uses are not paid for"
+
+
+def test_a_running_job_is_moved_only_once_its_pause_fits_its_slo_over_its_life():
+    """The simulator's lifetime check, with the live job's progress: jobs seconds old
+    cannot afford a 30 s pause within an SLO of 1.6; the same jobs a day old can."""
+    state, epochs = half_empty()
+    assert state.regroup(RegroupConfig(), RegroupState(), 3.0) == []
+    assert sorted(state.regroup(RegroupConfig(), RegroupState(), 86_400.0)) == ["a", "d", "f"]
+
+
+def test_a_job_keeps_the_pauses_of_its_moves():
+    state, epochs = half_empty()
+    state.regroup(FREE_MOVES, RegroupState(), 3.0)
+    decided = state.jobs["d"].move.decided_at
+    assert state.finish_move("d", epochs["d"], decided, 0, 3.25)
+    assert state.jobs["d"].paused_s == 0.25 and state.jobs["a"].paused_s == 0.0

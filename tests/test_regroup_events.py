@@ -52,7 +52,9 @@ async def departures_while_planning(tmp_path, monkeypatch) -> list[str]:
         return plan_regroup(*args, **kwargs)
 
     store = Store(default_url(tmp_path))
-    options = ControlOptions(regroup=RegroupConfig(), slo_guard=False, regroup_poll_s=0.01)
+    # Moves cost no pause here: jobs a second old could not afford one within their SLO.
+    free_moves = RegroupConfig(pause_s=0.0, s_per_gb=0.0)
+    options = ControlOptions(regroup=free_moves, slo_guard=False, regroup_poll_s=0.01)
     control = ControlPlane(store, options)
     await control.start()
     try:
@@ -79,3 +81,26 @@ async def departures_while_planning(tmp_path, monkeypatch) -> list[str]:
 
 def test_a_departure_during_a_regrouping_round_gets_a_round_of_its_own(tmp_path, monkeypatch):
     assert asyncio.run(departures_while_planning(tmp_path, monkeypatch)) == ["a", "d", "f"]
+
+
+async def placed_then_examined(tmp_path) -> tuple[bool, bool, str]:
+    """A job placed on arrival, before and after the regrouping round that sees it."""
+    store = Store(default_url(tmp_path))
+    control = ControlPlane(store, ControlOptions(regroup=RegroupConfig(), slo_guard=False, regroup_poll_s=3600))
+    await control.start()
+    try:
+        await control.submit([external("a")])
+        job = control.state.jobs["a"]
+        before = control._settled(job)
+        await control._regroup_once()
+        return before, control._settled(job), job.state
+    finally:
+        await control.stop()
+        store.engine.dispose()
+
+
+def test_a_placed_job_starts_only_once_a_regrouping_round_has_seen_it(tmp_path):
+    """Its driver waits for that round, which may seat it elsewhere for free (as the
+    simulator regroups an arriving job at once) instead of moving it once it runs."""
+    before, after, state = asyncio.run(placed_then_examined(tmp_path))
+    assert (before, after, state) == (False, True, "placed")

@@ -570,6 +570,14 @@ def serve(
     regroup: Annotated[
         bool, typer.Option("--regroup/--no-regroup", help="Move running jobs when a re-placement pays for its move")
     ] = True,
+    migration_pause_s: Annotated[
+        float,
+        typer.Option(min=0, max=86_400, help="A move's fixed pause, as regrouping prices it (seconds)"),
+    ] = 30.0,
+    migration_s_per_gb: Annotated[
+        float,
+        typer.Option(min=0, max=3_600, help="A move's pause per GB of state on its fullest node, as priced"),
+    ] = 0.25,
     slo_guard: Annotated[
         bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
     ] = True,
@@ -610,7 +618,7 @@ def serve(
         host_memory_gb=host_memory_gb,
         gpus_per_node={Pool.ROLLOUT: rollout_gpus, Pool.TRAIN: train_gpus},
         advertise_url=advertise_url,
-        regroup=RegroupConfig() if regroup else None,
+        regroup=RegroupConfig(s_per_gb=migration_s_per_gb, pause_s=migration_pause_s) if regroup else None,
         slo_guard=slo_guard,
         warm=WarmOptions(drivers_per_process, spare_driver_slots, spare_workers, standby),
     )

@@ -29,7 +29,14 @@ from typing import Any
 from rollmux.core.cluster import Candidate, Cluster, Group, Member, Removal
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch, UnknownJob
 from rollmux.core.placement import Policy, check_residency
-from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
+from rollmux.core.regroup import (
+    JobProgress,
+    RegroupConfig,
+    RegroupPlan,
+    RegroupState,
+    apply_regroup,
+    plan_regroup,
+)
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
@@ -202,11 +209,18 @@ class Job:
     last_seat: tuple[int, tuple[int, ...], tuple[int, ...], bool] | None = None
     """Group, rollout and training nodes, co-located flag of its last seat (kept once it left)."""
     move: Move | None = None
+    paused_s: float = 0.0
+    """Time its moves kept it from running (boundary reached to state landed), in all."""
 
     @property
     def in_turns(self) -> bool:
         """Running in its group's turns (a moving job is not, until its state has landed)."""
         return self.state == RUNNING and self.move is None
+
+    @property
+    def unstarted(self) -> bool:
+        """Placed and never run: it holds no state anywhere yet, so moving it is a re-seat."""
+        return self.state == PLACED and self.epoch == 0
 
 
 @dataclass(frozen=True)
@@ -502,18 +516,40 @@ class ControlState:
     def regroup(self, config: RegroupConfig, cache: RegroupState, now: float) -> list[str]:
         """Run the core's regrouping (the simulator's very code) over the settled groups
         and start the moves it decides; the jobs moved."""
-        return self.start_regroup(plan_regroup(self.movable_view(), config, cache), now)
+        view = self.movable_view()
+        return self.start_regroup(plan_regroup(view, config, cache, self.progress(view, now)), now)
 
     def movable_view(self) -> Cluster:
-        """A copy of the cluster with only the groups whose jobs all run in their turns: a
-        job still loading its roles, or already on its way, cannot be moved, nor can the
-        jobs it shares nodes with (their turns include it)."""
+        """A copy of the cluster with only the groups whose jobs all run in their turns or
+        have not started yet: a job still loading its roles, or already on its way, cannot
+        be moved, nor can the jobs it shares nodes with (their turns include it)."""
         view = copy.deepcopy(self.cluster)
         for group in list(view.groups.values()):
-            if not all(self.jobs[m.job.name].in_turns for m in group.members):
+            if not all(self._movable(m.job.name) for m in group.members):
                 for member in list(group.members):
                     view.remove(member.job.name)
         return view
+
+    def progress(self, view: Cluster, now: float) -> dict[str, JobProgress]:
+        """Every job's progress in ``view`` as the simulator books it, for regrouping's
+        lifetime SLO check: time since it was placed, and solo-equivalent work at its
+        group's planned rate less the pauses of its moves. A job not started yet has none:
+        it moves without a pause, as an arriving job does in the simulator."""
+        found = {}
+        for group in view.groups.values():
+            for member, period in zip(group.members, group.schedule.periods, strict=True):
+                job = self.jobs[member.job.name]
+                if job.unstarted or job.placed_at is None:
+                    found[job.name] = JobProgress(0.0, 0.0)
+                    continue
+                elapsed = max(now - job.placed_at, 0.0)
+                rate = member.seat(view.planning).solo_s / period if period > 0 else 1.0
+                found[job.name] = JobProgress(elapsed, max(elapsed * rate - job.paused_s, 0.0))
+        return found
+
+    def _movable(self, name: str) -> bool:
+        job = self.jobs[name]
+        return job.in_turns or job.unstarted
 
     def reserve_node_ids(self, count: int) -> int:
         """Set aside node ids for a regrouping whose new nodes are readied first; the first id."""
@@ -525,14 +561,20 @@ class ControlState:
         beforehand."""
         if plan is None:
             return []
-        if not all(self.jobs[job.name].in_turns for job in plan.moved):
-            raise PhaseOrderError("regrouping moves only jobs running in their turns")
-        origins = {job.name: self._origin(job.name) for job in plan.moved}
-        left = {self.cluster.job_group[name] for name in origins}
+        if not all(self._movable(job.name) for job in plan.moved):
+            raise PhaseOrderError("regrouping moves only jobs running in their turns or not started yet")
+        reseated = [job.name for job in plan.moved if self.jobs[job.name].unstarted]
+        origins = {job.name: self._origin(job.name) for job in plan.moved if job.name not in reseated}
+        left = {self.cluster.job_group[job.name] for job in plan.moved}
         before = dict(self.cluster.node_pool)
         apply_regroup(self.cluster, plan, iter(node_ids) if node_ids is not None else None)
+        for name in reseated:
+            group = self.cluster.group_of(name)
+            left.add(group.id)
+            self._touch(self.jobs[name])
+            self._event(name, now, "reseated", f"group {group.id} (regroup, before it started)")
         self._start_moves(origins, before, left, now, "regroup")
-        return list(origins)
+        return [job.name for job in plan.moved]
 
     def guard(self, now: float) -> list[str]:
         """The SLO guard. A group is re-planned when a member's measured slowdown (the
@@ -681,6 +723,7 @@ class ControlState:
         seat = self.seat(job.name)
         target = (*seat.rollout_nodes, *seat.train_nodes) if seat else ()
         ready = move.ready_at if move.ready_at is not None else now
+        job.paused_s += now - ready
         entry = MoveEntry(
             job.name,
             job.epoch,

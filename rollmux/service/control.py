@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -184,6 +185,8 @@ class ControlPlane:
         self._regrouping = RegroupState()
         self._warming: dict[int, Pool] = {}
         """New nodes of a regrouping being readied before it is applied."""
+        self._examined_at = -math.inf
+        """When the last regrouping round took its snapshot (see :meth:`_settled`)."""
 
     # --- life ----------------------------------------------------------------------------
 
@@ -549,7 +552,7 @@ class ControlPlane:
         await self._sync_nodes()
         for job in list(self.state.jobs.values()):
             managed = job.program.get("kind", "external") != "external"
-            if managed and job.state == PLACED and self.launched.get(job.name) != job.launch:
+            if managed and job.state == PLACED and self.launched.get(job.name) != job.launch and self._settled(job):
                 self.launched[job.name] = job.launch
                 task = asyncio.create_task(self._launch(job.name, job.launch), name=f"launch-{job.name}")
                 self._launches[job.name] = task
@@ -609,6 +612,7 @@ class ControlPlane:
             except Exception:
                 log.exception("regrouping failed; retrying at the next event")
                 self._regroup_due = False
+                self._examined(self.clock())  # placed jobs start where they are
 
     async def _regroup_once(self) -> None:
         """After arrivals, departures and job starts, the core's regrouping over the settled
@@ -623,23 +627,41 @@ class ControlPlane:
             # Cleared before planning: an event that lands while the plan is made (in a
             # thread) asks for another round instead of being lost with this one's answer.
             self._regroup_due = False
+            taken = self.clock()
             snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
-            plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping)
+            progress = self.state.progress(view, taken)
+            plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping, progress)
             if plan is not None and self._still_movable(plan, snapshot):
                 moved += await self._start_readied(plan, snapshot)
             if plan is not None and not moved:
                 self._regroup_due = True  # not carried out: planned again (its groups are re-examined)
+            self._examined(taken)
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
 
+    def _examined(self, taken: float) -> None:
+        """Jobs placed before ``taken`` were offered to a regrouping: their drivers may start
+        (one placed later waits for the next round, which may re-seat it for free, as the
+        simulator regroups an arriving job at once)."""
+        self._examined_at = taken
+        if self._changed is not None:
+            self._changed.set()
+
+    def _settled(self, job: Job) -> bool:
+        """The job may start: regrouping is off, or a round has seen it placed."""
+        if self.options.regroup is None or not job.unstarted:
+            return True
+        return job.placed_at is not None and job.placed_at < self._examined_at
+
     def _still_movable(self, plan: RegroupPlan, snapshot: Cluster) -> bool:
-        """The plan's jobs still run in their turns, in the groups they were in when it was
-        made, with the same partners (other groups may have changed meanwhile)."""
+        """The plan's jobs still run in their turns (or have still not started), in the
+        groups they were in when it was made, with the same partners (other groups may
+        have changed meanwhile)."""
         jobs, groups = self.state.jobs, self.state.cluster.groups
         for spec in plan.moved:
             job, was = jobs.get(spec.name), snapshot.group_of(spec.name)
-            if job is None or not job.in_turns or was.id not in groups:
+            if job is None or not (job.in_turns or job.unstarted) or was.id not in groups:
                 return False
             if [m.job.name for m in groups[was.id].members] != [m.job.name for m in was.members]:
                 return False

@@ -37,7 +37,7 @@ from rollmux.core.control import (
 from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import JobSpec, Pool
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class StoreError(RollMuxError):
@@ -80,6 +80,7 @@ class JobRow(Base):
     placed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    paused_s: Mapped[float] = mapped_column(Float, default=0.0)
     move: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
@@ -506,6 +507,7 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "placed_at": job.placed_at,
         "ended_at": job.ended_at,
         "cost_usd": job.cost_usd,
+        "paused_s": job.paused_s,
         "move": _move_json(job.move),
     }
 
@@ -557,6 +559,7 @@ def _record(row: JobRow) -> JobRecord:
         placed_at=row.placed_at,
         ended_at=row.ended_at,
         cost_usd=row.cost_usd,
+        paused_s=row.paused_s,
         move=_move(row.move),
     )
     return JobRecord(
