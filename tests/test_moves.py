@@ -172,3 +172,17 @@ def test_a_job_keeps_the_pauses_of_its_moves():
     decided = state.jobs["d"].move.decided_at
     assert state.finish_move("d", epochs["d"], decided, 0, 3.25)
     assert state.jobs["d"].paused_s == 0.25 and state.jobs["a"].paused_s == 0.0
+
+
+def test_a_job_whose_driver_is_on_its_way_keeps_its_seat():
+    """Once the service starts a job's driver on its seat (it claims it), regrouping may no
+    longer re-seat it: the driver would come up on nodes given back."""
+    state = control()
+    for name in "abcdef":
+        state.submit(spec(name, slo=SLO), {}, 0.0)
+    for name in "bce":
+        state.end(name, DONE, 1.0)
+    seat = state.seat("a")
+    state.claim("a")
+    moved = state.regroup(RegroupConfig(), RegroupState(), 2.0)
+    assert "a" not in moved and state.seat("a") == seat

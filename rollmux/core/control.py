@@ -211,6 +211,9 @@ class Job:
     move: Move | None = None
     paused_s: float = 0.0
     """Time its moves kept it from running (boundary reached to state landed), in all."""
+    claimed: bool = False
+    """A driver is being started on its seat (not persisted: a restarted control plane
+    starts it again)."""
 
     @property
     def in_turns(self) -> bool:
@@ -219,8 +222,9 @@ class Job:
 
     @property
     def unstarted(self) -> bool:
-        """Placed and never run: it holds no state anywhere yet, so moving it is a re-seat."""
-        return self.state == PLACED and self.epoch == 0
+        """Placed, never run and no driver on its way: it holds no state anywhere yet, so
+        moving it is a re-seat."""
+        return self.state == PLACED and self.epoch == 0 and not self.claimed
 
 
 @dataclass(frozen=True)
@@ -396,6 +400,10 @@ class ControlState:
         self._event(name, now, "running", f"epoch {epoch} from iteration {job.iteration}{source}")
         self._grant_due(group, now)
         return job
+
+    def claim(self, name: str) -> None:
+        """Its driver is about to start on its seat, which regrouping no longer changes."""
+        self._live(name).claimed = True
 
     def explain(self, name: str, reason: str) -> None:
         """Say why a job is not progressing (shown with its state) without changing it."""

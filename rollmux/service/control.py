@@ -529,6 +529,7 @@ class ControlPlane:
                 continue
             if job.state != LOST and await self.executor.driver_alive(job.name, job.launch):
                 self.launched[job.name] = job.launch
+                self.state.claim(job.name)
                 continue
             if job.state != LOST:
                 self.state.lose(job.name, now, "its driver did not survive the control plane's restart")
@@ -554,6 +555,7 @@ class ControlPlane:
             managed = job.program.get("kind", "external") != "external"
             if managed and job.state == PLACED and self.launched.get(job.name) != job.launch and self._settled(job):
                 self.launched[job.name] = job.launch
+                self.state.claim(job.name)
                 task = asyncio.create_task(self._launch(job.name, job.launch), name=f"launch-{job.name}")
                 self._launches[job.name] = task
                 task.add_done_callback(lambda done, name=job.name: self._forget_launch(name, done))
