@@ -110,12 +110,13 @@ def test_a_job_lost_while_moving_abandons_its_move_and_frees_its_old_nodes():
     assert not state.finish_move("a", epochs["a"], 3.0, 0, 5.0), "a late transfer of an abandoned move is ignored"
 
 
-def test_the_slo_guard_moves_the_job_whose_measured_phases_break_the_group():
+def c_twice_as_slow() -> tuple[ControlState, dict[str, int], float]:
+    """a, b and c in one group for eight iterations, c's phases twice their estimate."""
     state = control()
     epochs = start(state, "abc")
     assert len(state.cluster.groups) == 1
     now = 1.0
-    for _ in range(8):  # c's phases take twice their estimate
+    for _ in range(8):
         for name in "abc":
             for phase, planned in (("rollout", 1.0), ("train", 1.0)):
                 grant = state.acquire(name, phase, epochs[name], now)
@@ -123,6 +124,11 @@ def test_the_slo_guard_moves_the_job_whose_measured_phases_break_the_group():
                 held = planned * (2 if name == "c" else 1)
                 now += held
                 state.release(name, phase, epochs[name], grant.token, PhaseTiming(held), now)
+    return state, epochs, now
+
+
+def test_the_slo_guard_moves_the_job_whose_measured_phases_break_the_group():
+    state, epochs, now = c_twice_as_slow()
     assert state.jobs["c"].spec.rollout.mean == 2.0
     moved = state.guard(now)
     assert moved == ["c"]
@@ -186,3 +192,18 @@ def test_a_job_whose_driver_is_on_its_way_keeps_its_seat():
     state.claim("a")
     moved = state.regroup(RegroupConfig(), RegroupState(), 2.0)
     assert "a" not in moved and state.seat("a") == seat
+
+
+def test_nodes_a_moving_job_still_keeps_are_paid_after_their_group_is_gone():
+    """c moves out; a and b leave before c's state has left their nodes: the node log keeps
+    those nodes held until c's move lands (their release is logged once, then)."""
+    state, epochs, now = c_twice_as_slow()
+    assert state.guard(now) == ["c"]
+    old = {n for n, _ in state.jobs["c"].move.origin}
+    state.drain()
+    for name in "ab":
+        state.end(name, DONE, now + 1)
+    assert not {n.node for n in state.drain().nodes if not n.held} & old
+    state.finish_move("c", epochs["c"], state.jobs["c"].move.decided_at, 0, now + 2)
+    released = [n.node for n in state.drain().nodes if not n.held]
+    assert sorted(released) == sorted(old)

@@ -905,7 +905,8 @@ class ControlState:
         group_id = self.cluster.group_of(job.name).id
         job.last_seat = (group_id, seat.rollout_nodes, seat.train_nodes, seat.colocated)
         removal = self.cluster.remove(job.name)
-        self._nodes_changed(removal.released_nodes, now, held=False)
+        draining = self.draining()  # a moving job's state still there: paid until it leaves
+        self._nodes_changed(tuple(n for n in removal.released_nodes if n[0] not in draining), now, held=False)
         self._touch_group(group_id)
         group = self.cluster.groups.get(group_id)
         if group is None:
