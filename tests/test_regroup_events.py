@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from rollmux.core.control import Capacity
 from rollmux.core.regroup import RegroupConfig
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.service import control as control_module
@@ -104,3 +105,36 @@ def test_a_placed_job_starts_only_once_a_regrouping_round_has_seen_it(tmp_path):
     simulator regroups an arriving job at once) instead of moving it once it runs."""
     before, after, state = asyncio.run(placed_then_examined(tmp_path))
     assert (before, after, state) == (False, True, "placed")
+
+
+async def three_leave_with_capacity(tmp_path, nodes_per_pool: int) -> tuple[list[str], bool]:
+    """Six running jobs in two groups of three (two nodes of each pool); b, c and e leave.
+    Returns the jobs moving after a round, and whether regrouping waits for room."""
+    tmp_path.mkdir()
+    store = Store(default_url(tmp_path))
+    capacity = Capacity(rollout=nodes_per_pool, train=nodes_per_pool)
+    free_moves = RegroupConfig(pause_s=0.0, s_per_gb=0.0)
+    options = ControlOptions(regroup=free_moves, slo_guard=False, regroup_poll_s=3600, capacity=capacity)
+    control = ControlPlane(store, options)
+    await control.start()
+    try:
+        await control.submit([external(n) for n in "abcdef"])
+        for name in "abcdef":
+            session = await control.begin_session(name, "test")
+            await control.activate(name, session["epoch"], 0)
+        await control._regroup_once()
+        for name in "bce":
+            await control.cancel(name)
+        await control._regroup_once()
+        return sorted(control.state.moving()), control._waiting_room
+    finally:
+        await control.stop()
+        store.engine.dispose()
+
+
+def test_a_regrouping_that_does_not_fit_the_capacity_waits_instead_of_stopping_its_jobs(tmp_path):
+    """a, d and f together need a new node of each pool while their old ones still hold
+    their state: with two of each offered, none of them stops (they would wait at their
+    boundaries for nodes only their own moves free); with three, they move."""
+    assert asyncio.run(three_leave_with_capacity(tmp_path / "two", 2)) == ([], True)
+    assert asyncio.run(three_leave_with_capacity(tmp_path / "three", 3)) == (["a", "d", "f"], False)

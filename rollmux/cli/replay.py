@@ -32,7 +32,10 @@ from rollmux.sim.compare import compare
 
 HEADROOM = 1.2
 """Nodes the local Ray offers over the simulator's peak: the live system must never be the
-one that waits for capacity the simulation had."""
+one that waits for capacity the simulation had. A live move holds its jobs' old nodes until
+each one's state has left them (the simulator moves at once), so a plan moving many jobs
+briefly needs more than the peak; one that does not fit waits for nodes to be given back
+(more headroom means more idle worker processes, whose CPU the phases then lack)."""
 COMPARED = ("cost_usd", "cost_usd_per_hour", "cost_node_hours", "slo_attainment", "mean_slowdown", "p99_slowdown")
 
 

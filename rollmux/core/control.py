@@ -889,10 +889,15 @@ class ControlState:
 
     def _shortfall(self, candidate: Candidate) -> str:
         """Why the candidate does not fit the cluster's capacity now ('' if it does)."""
+        return self.shortfall([p for _, p in candidate.new_nodes])
+
+    def shortfall(self, new_nodes: Sequence[Pool]) -> str:
+        """Why nodes of these pools do not fit the capacity on top of those held now (seats,
+        and old nodes moving jobs' state is still on); '' if they do."""
         draining = self.draining()
         for pool in Pool:
             limit = self.capacity.limit(pool)
-            adds = sum(1 for _, p in candidate.new_nodes if p is pool)
+            adds = sum(1 for p in new_nodes if p is pool)
             used = self.cluster.nodes(pool) + sum(1 for p in draining.values() if p is pool)
             if limit is not None and adds and used + adds > limit:
                 return f"waiting for {adds} free {pool.value} node(s): {used} of {limit} are in use"

@@ -185,6 +185,8 @@ class ControlPlane:
         self._regrouping = RegroupState()
         self._warming: dict[int, Pool] = {}
         """New nodes of a regrouping being readied before it is applied."""
+        self._waiting_room = False
+        """A plan did not fit the capacity: the next round waits until nodes are given back."""
         self._examined_at = -math.inf
         """When the last regrouping round took its snapshot (see :meth:`_settled`)."""
 
@@ -488,6 +490,8 @@ class ControlPlane:
             self._changed.set()
         if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED) for e in delta.events):
             self._regroup_due = self.options.regroup is not None
+        if self._waiting_room and any(not entry.held for entry in delta.nodes):
+            self._waiting_room, self._regroup_due = False, True
         self._carry(delta.movable)
         for name in waking:
             waiter = self.waiters.pop(name, None)
@@ -635,7 +639,7 @@ class ControlPlane:
             plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping, progress)
             if plan is not None and self._still_movable(plan, snapshot):
                 moved += await self._start_readied(plan, snapshot)
-            if plan is not None and not moved:
+            if plan is not None and not moved and not self._waiting_room:
                 self._regroup_due = True  # not carried out: planned again (its groups are re-examined)
             self._examined(taken)
         if moved:
@@ -676,6 +680,13 @@ class ControlPlane:
         trial = copy.deepcopy(snapshot)
         apply_regroup(trial, plan)
         pools = [pool for node, pool in trial.node_pool.items() if node not in snapshot.node_pool]
+        short = self.state.shortfall(pools)
+        if short:
+            # Its jobs would stop at their boundaries and wait for nodes only moves free:
+            # planned again once nodes are given back.
+            log.info("regrouping waits: %s", short)
+            self._waiting_room = True
+            return []
         first = self.state.reserve_node_ids(len(pools))
         ids = range(first, first + len(pools))
         self._warming = dict(zip(ids, pools, strict=True))
