@@ -186,7 +186,8 @@ class ControlPlane:
         self._warming: dict[int, Pool] = {}
         """New nodes of a regrouping being readied before it is applied."""
         self._waiting_room = False
-        """A plan did not fit the capacity: the next round waits until nodes are given back."""
+        """The last round's plan did not fit the capacity: it is planned again once nodes
+        are given back, not at once."""
         self._examined_at = -math.inf
         """When the last regrouping round took its snapshot (see :meth:`_settled`)."""
 
@@ -632,7 +633,7 @@ class ControlPlane:
         if config is not None and self._regroup_due and not moved:
             # Cleared before planning: an event that lands while the plan is made (in a
             # thread) asks for another round instead of being lost with this one's answer.
-            self._regroup_due = False
+            self._regroup_due, self._waiting_room = False, False
             taken = self.clock()
             snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
             progress = self.state.progress(view, taken)
@@ -650,9 +651,10 @@ class ControlPlane:
         """Jobs placed before ``taken`` were offered to a regrouping: their drivers may start
         (one placed later waits for the next round, which may re-seat it for free, as the
         simulator regroups an arriving job at once)."""
+        waiting = any(job.unstarted and not self._settled(job) for job in self.state.jobs.values())
         self._examined_at = taken
-        if self._changed is not None:
-            self._changed.set()
+        if waiting and self._changed is not None:
+            self._changed.set()  # reconcile only when a placed job may start now
 
     def _settled(self, job: Job) -> bool:
         """The job may start: regrouping is off, or a round has seen it placed."""
