@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from rollmux.cli.main import app
 from rollmux.inputs.errors import InputError
 from rollmux.inputs.runfile import load_run_file
+from rollmux.jobs.grpo import GRPOConfig, run_alone
 
 runner = CliRunner()
 TINY = """
@@ -57,6 +58,46 @@ def test_run_writes_trace_gantt_and_reward_curves_and_a_second_run_reports_done(
         example.write_text(TINY.replace("iterations: 3", "iterations: 4", 1))
         changed = runner.invoke(app, ["run", str(example), "--out", str(out)])
         assert changed.exit_code == 2 and "already submitted with another spec" in changed.output
+    finally:
+        ray.shutdown()
+
+
+CO_LOCATED = """
+policy: colocated
+cluster: {rollout_nodes: 1, train_nodes: 2}
+jobs:
+  - name: a
+    iterations: 3
+    slo: 2.0
+    colo_rollout_s: 1.0
+    colo_train_s: 1.0
+    grpo: {seed: 1, prompts_per_iteration: 32, train_groups: 16}
+  - name: b
+    iterations: 3
+    slo: 2.0
+    colo_rollout_s: 1.0
+    colo_train_s: 1.0
+    grpo: {seed: 2, prompts_per_iteration: 32, train_groups: 16}
+"""
+
+
+def test_jobs_seated_co_located_train_as_they_would_alone(tmp_path):
+    """Each job's rollout sits beside its trainer and keeps no copy of its own: parked
+    without weights, it gets its trainer's at every wake, and its losses and rewards are
+    those of the job trained alone."""
+    example = tmp_path / "run.yaml"
+    example.write_text(CO_LOCATED)
+    out = tmp_path / "out"
+    try:
+        result = runner.invoke(app, ["run", str(example), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        ran = json.loads((out / "run.json").read_text())
+        for name, seed in (("a", 1), ("b", 2)):
+            job = ran["jobs"][name]
+            assert job["rollout_nodes"] == job["train_nodes"], job
+            alone = run_alone(GRPOConfig(seed=seed, prompts_per_iteration=32, train_groups=16), 3)
+            served = [(m["loss"], m["reward"]) for m in ran["histories"][name]]
+            assert served == [(m["loss"], m["reward"]) for m in alone], name
     finally:
         ray.shutdown()
 

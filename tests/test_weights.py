@@ -141,3 +141,52 @@ def test_a_discarding_role_is_parked_without_host_copy_and_runs_only_once_its_we
     worker.deliver("job", 1, (1, Publisher(trained).publish(1)))
     worker.wake("job", "rollout", 1, token=3)
     assert worker.call("job", "rollout", 1, 3, "first") == 0.5
+
+
+class OffloadingRollout(DiscardingRollout):
+    park_mode = "offload"
+
+
+class Trainer(ParkedRole):
+    """A trainer without optimizer state whose update sets every weight to ``value``."""
+
+    def __init__(self, mib: float):
+        self.model = nn.Linear(int(mib * 2**18), 1, bias=False)
+        self.version = 0
+        super().__init__(RoleState(self.model, device="cpu"))
+
+    def update(self, value: float) -> None:
+        with torch.no_grad():
+            self.model.weight.fill_(value)
+        self.version += 1
+
+    def weights(self):
+        return self.version, self.publish(self.version)
+
+
+def test_a_co_located_rollout_keeps_no_copy_of_its_own_and_wakes_with_its_trainers_weights():
+    """As the core counts a co-located job (its training state only): 1 MiB of trainer and
+    its 1 MiB publication buffer fit in 2.5 MiB beside a 1 MiB rollout that keeps no copy."""
+    worker = PoolWorker("train", host_limit_bytes=int(2.5 * 2**20))
+    worker.load("job", "rollout", 1, partial(OffloadingRollout, 1.0))
+    worker.load("job", "train", 1, partial(Trainer, 1.0))
+    assert worker.host_bytes() == 2**20  # the rollout gave its copy up when its trainer landed
+    worker.wake("job", "train", 1, token=1)
+    worker.call("job", "train", 1, 1, "update", 0.25)
+    worker.sleep("job", "train", 1, token=1)
+    worker.wake("job", "rollout", 1, token=2)
+    assert worker.call("job", "rollout", 1, 2, "first") == 0.25  # the trainer's weights, from this node
+    assert worker.roles[("job", "rollout")].version == 1
+    worker.sleep("job", "rollout", 1, token=2)
+    assert worker.host_bytes() == 2 * 2**20  # trainer and its publication buffer; no rollout copy
+    _, carried = worker.export("job", "rollout", 1)
+    assert carried[0] == 1  # leaving its trainer, the rollout takes the trainer's weights along
+
+
+def test_a_rollout_without_its_trainer_keeps_its_copy():
+    worker = PoolWorker("rollout", host_limit_bytes=int(2.5 * 2**20))
+    worker.load("job", "rollout", 1, partial(OffloadingRollout, 1.0))
+    worker.wake("job", "rollout", 1, token=1)
+    worker.sleep("job", "rollout", 1, token=1)
+    assert worker.host_bytes() == 2**20
+    assert worker.roles[("job", "rollout")].state.needs_weights is False

@@ -63,6 +63,11 @@ class EmulatedRole:
     def load_weights(self, version: int, weights: dict) -> None:
         self.version = version
 
+    def weights(self) -> tuple[int, dict]:
+        """A trainer's weights for its co-located rollout: an emulated job's tensors carry
+        no values, so its version only."""
+        return self.version, {}
+
 
 @dataclass(frozen=True)
 class EmulatedJob:

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from rollmux.core.control import Capacity
+from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import Pool
 from rollmux.runtime.driver import HOST_PREFIX, start_host
 from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE, NodeProvisioner, worker_of
@@ -134,8 +135,11 @@ class RayExecutor:
         nodes = {n for _, old, new in pairs for n in (old, new)}
         await asyncio.gather(*(self.nodes.ready(n) for n in nodes if n in self.nodes.nodes))
         workers = {n: self.nodes.nodes[n].worker if n in self.nodes.nodes else worker_of(n) for n in nodes}
-        carried = (self._carry(job, epoch, phase, workers[old], workers[new]) for phase, old, new in pairs)
-        moved = await asyncio.gather(*carried)
+        moved: list[int] = []
+        for kind in (TRAIN, ROLLOUT):  # a rollout then lands beside its trainer (no copy of its own), or
+            # leaves it taking its weights, never while the trainer's own export lends its tensors out
+            carried = [self._carry(job, epoch, p, workers[old], workers[new]) for p, old, new in pairs if p == kind]
+            moved += await asyncio.gather(*carried)
         failpoint("move:adopted")
         olds = dict.fromkeys(old for _, old, new in pairs)
         await asyncio.gather(*(workers[old].unload.remote(job) for old in olds if old not in {n for *_, n in pairs}))

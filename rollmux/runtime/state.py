@@ -229,6 +229,21 @@ class RoleState:
         self.awake = True
         return time.perf_counter() - start
 
+    @torch.no_grad()
+    def discard(self) -> None:
+        """Give up the host copies of a sleeping role, as a ``discard`` sleep would have: a
+        co-located rollout whose trainer, on the same node, holds the weights it needs."""
+        if self.awake:
+            raise RuntimeError("only a sleeping role discards its host copies; an awake one sleeps with discard")
+        if self.optimizer is not None:
+            raise ValueError("a role with optimizer state cannot discard it")
+        for asleep in self._asleep:
+            for placed in asleep.placed:
+                placed.release()
+        self._asleep = [replace(asleep, host=None) for asleep in self._asleep]
+        self._spare.clear()
+        self.needs_weights = True
+
     def weights_loaded(self) -> None:
         """The role's weights were written again after a ``discard`` sleep."""
         self.needs_weights = False

@@ -9,6 +9,12 @@ on a standby worker of the pool after every training phase (its buddy), counted 
 worker's host memory. When the trainer's node dies, the standby that takes the node over
 already holds the job's state; a restarted job whose role survived keeps it as it is.
 
+Co-located jobs: a job whose rollout and trainer share a node keeps one copy of its
+weights there, its trainer's. Its rollout is parked by discarding its weights and gets
+the trainer's at its next wake, as veRL's hybrid engine parks vLLM at sleep level 2 and
+re-syncs from the actor; the node's host memory then holds the job's training state
+only, which is what the core's residency model counts for a co-located job.
+
 Fencing: every wake carries the grant's token, and the worker remembers the highest token
 it has seen. A wake with an older token, or a call from anyone but the holder of the
 newest one, is refused with :class:`StaleEpoch`; a role of an older epoch of its job is
@@ -24,13 +30,13 @@ import importlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
 from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch, StaleWeights, WeightsDiscarded
-from rollmux.core.roundrobin import ROLLOUT
+from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.service.failpoints import failpoint
 
 if TYPE_CHECKING:  # for annotations only
@@ -150,7 +156,7 @@ class PoolWorker:
         with self.running:
             role = self.roles.get((job, phase))
             if role is not None and self.awake == (job, phase):
-                _sleep(role)
+                self._park((job, phase))
                 self.awake = None
             return role
 
@@ -260,24 +266,59 @@ class PoolWorker:
         seconds = 0.0
         key = (job, phase)
         if self.awake is not None and self.awake != key and self.awake in self.roles:
-            seconds += _sleep(self.roles[self.awake])
+            seconds += self._park(self.awake)
         role = self._role(key)
         self._check_residency(f"waking {job}'s {phase} role")
         seconds += _wake(role)
         self.awake = key
-        if phase == ROLLOUT and job in self.pending_weights:
-            version, weights = self.pending_weights.pop(job)
-            start = time.perf_counter()
-            role.load_weights(version, weights)  # type: ignore[attr-defined]
-            role.state.weights_loaded()
-            seconds += time.perf_counter() - start
+        if phase == ROLLOUT:
+            seconds += self._refill(job, role)
         return seconds
+
+    def _refill(self, job: str, rollout: Role) -> float:
+        """Give a woken rollout the weights delivered while it slept, else, if it was parked
+        without weights beside its trainer (co-located), the trainer's, asleep on this node."""
+        start = time.perf_counter()
+        if job in self.pending_weights:
+            version, weights = self.pending_weights.pop(job)
+        elif rollout.state.needs_weights and (job, TRAIN) in self.roles:
+            version, weights = self.roles[(job, TRAIN)].weights()  # type: ignore[attr-defined]
+        else:
+            return 0.0
+        rollout.load_weights(version, weights)  # type: ignore[attr-defined]
+        rollout.state.weights_loaded()
+        return time.perf_counter() - start
+
+    def _park(self, key: RoleKey) -> float:
+        """Put a role to sleep between its phases: a co-located rollout discards its weights
+        (its trainer here holds them), any other in its own park mode."""
+        return _sleep(self.roles[key], "discard" if self._shares_trainer(key) else None)
+
+    def _shares_trainer(self, key: RoleKey, roles: Mapping[RoleKey, Role] | None = None) -> bool:
+        """Whether ``key`` is a rollout whose job's trainer is on this node (in ``roles``, by
+        default the node's), so that it needs no host copy of its own."""
+        roles = self.roles if roles is None else roles
+        job, phase = key
+        rollout, trainer = roles.get((job, ROLLOUT)), roles.get((job, TRAIN))
+        return (
+            phase == ROLLOUT
+            and rollout is not None
+            and callable(getattr(trainer, "weights", None))
+            and callable(getattr(rollout.state, "discard", None))
+            and rollout.state.optimizer is None
+        )
+
+    def _resident_bytes(self, key: RoleKey, role: Role, roles: Mapping[RoleKey, Role] | None = None) -> int:
+        """What the role holds in this node's host memory: nothing for a co-located rollout
+        (parked without a copy), else its own count."""
+        return 0 if self._shares_trainer(key, roles) else _host_bytes(role)
 
     def _sleep_holder(self, job: str, phase: str, epoch: int, token: int) -> float:
         """Put the grant holder's role back to sleep, with the node's execution lock held."""
         self._check_holder(job, phase, epoch, token)
+        self._role((job, phase))
         self.awake = None
-        return _sleep(self._role((job, phase)))
+        return self._park((job, phase))
 
     def deliver(self, job: str, epoch: int, published: tuple[int, dict]) -> int:
         """Receive a job's new weights (version, tensors) for its rollout role; they are
@@ -356,7 +397,10 @@ class PoolWorker:
             raise PhaseNotGranted(f"{job} is awake on node {self.node_id}: it moves between phases only")
         from rollmux.runtime.state import PortableRole  # torch: not in the control plane
 
-        return PortableRole(role), self.pending_weights.get(job) if phase == ROLLOUT else None
+        pending = self.pending_weights.get(job) if phase == ROLLOUT else None
+        if phase == ROLLOUT and pending is None and role.state.needs_weights and (job, TRAIN) in self.roles:
+            pending = self.roles[(job, TRAIN)].weights()  # type: ignore[attr-defined]  # leaves its trainer: takes its weights
+        return PortableRole(role), pending
 
     def holds(self, job: str, phase: str, epoch: int) -> bool:
         """Whether the job's role of this session is here already (a move carried out before
@@ -379,9 +423,9 @@ class PoolWorker:
         """Every byte the node's jobs keep in its host memory: each role's host copy (the
         optimizer's state included once it exists), replicas it keeps as a buddy, and
         weights delivered but not applied yet."""
-        roles = [*self.roles.values(), *(role for _, role in self.replicas.values())]
-        pending = list(self.pending_weights.values())
-        return sum(_host_bytes(role) for role in roles) + sum(payload_bytes(w) for _, w in pending)
+        roles = sum(self._resident_bytes(key, role) for key, role in self.roles.items())
+        replicas = sum(_host_bytes(role) for _, role in self.replicas.values())
+        return roles + replicas + sum(payload_bytes(w) for _, w in self.pending_weights.values())
 
     def _check_residency(self, doing: str) -> None:
         used = self.host_bytes()
@@ -392,15 +436,17 @@ class PoolWorker:
             )
 
     def _seat(self, job: str, phase: str, epoch: int, role: Role, pending: tuple[int, dict] | None) -> None:
-        """Keep a sleeping role here if the node's host memory has room for it."""
-        needed = _host_bytes(role)
+        """Keep a sleeping role here if the node's host memory has room for it (a rollout
+        joining its trainer, or a trainer its rollout, then gives the rollout's copy up)."""
         with self.accounting:
             self._check_epoch(job, epoch)
             if self.epochs.get(job, epoch) != epoch:  # a newer session: the older one's roles go
                 for key in [k for k in self.roles if k[0] == job]:
                     del self.roles[key]
+            after = {**self.roles, (job, phase): role}
+            needed = self._resident_bytes((job, phase), role, after)
             used = (
-                sum(_host_bytes(r) for k, r in self.roles.items() if k != (job, phase))
+                sum(self._resident_bytes(k, r, after) for k, r in after.items() if k != (job, phase))
                 + sum(_host_bytes(r) for _, r in self.replicas.values())
                 + sum(payload_bytes(weights) for j, (_, weights) in self.pending_weights.items() if j != job)
             )
@@ -417,6 +463,9 @@ class PoolWorker:
                 self.pending_weights.pop(job, None)
             if self.awake == (job, phase):
                 self.awake = None
+            rollout = self.roles.get((job, ROLLOUT))
+            if self._shares_trainer((job, ROLLOUT)) and not rollout.state.awake:
+                rollout.state.discard()
 
     def _check_epoch(self, job: str, epoch: int, exact: bool = False) -> None:
         known = self.epochs.get(job, 0)
