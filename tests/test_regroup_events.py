@@ -41,6 +41,13 @@ async def wait_for(condition, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def rounds_by_hand(control: ControlPlane) -> None:
+    """Stop the control plane's own regrouping rounds: the test runs each one."""
+    for task in control._tasks:
+        if task.get_name() == "regroup":
+            task.cancel()
+
+
 async def departures_while_planning(tmp_path, monkeypatch) -> list[str]:
     """Six running jobs in two groups of three; b and c leave, and e leaves while the
     round that b and c asked for is still planning. Returns the jobs of the one group left."""
@@ -89,6 +96,7 @@ async def placed_then_examined(tmp_path) -> tuple[bool, bool, str]:
     store = Store(default_url(tmp_path))
     control = ControlPlane(store, ControlOptions(regroup=RegroupConfig(), slo_guard=False, regroup_poll_s=3600))
     await control.start()
+    rounds_by_hand(control)
     try:
         await control.submit([external("a")])
         job = control.state.jobs["a"]
@@ -107,6 +115,29 @@ def test_a_placed_job_starts_only_once_a_regrouping_round_has_seen_it(tmp_path):
     assert (before, after, state) == (False, True, "placed")
 
 
+async def placed_and_examined_at_once(tmp_path) -> float:
+    """Seconds from a job's placement to a regrouping round that saw it, with rounds
+    polled once an hour."""
+    store = Store(default_url(tmp_path))
+    control = ControlPlane(store, ControlOptions(regroup=RegroupConfig(), slo_guard=False, regroup_poll_s=3600))
+    await control.start()
+    try:
+        loop = asyncio.get_running_loop()
+        placed = loop.time()
+        await control.submit([external("a")])
+        await wait_for(lambda: control._settled(control.state.jobs["a"]), timeout_s=30)
+        return loop.time() - placed
+    finally:
+        await control.stop()
+        store.engine.dispose()
+
+
+def test_an_arrival_starts_a_regrouping_round_at_once_not_at_the_next_poll(tmp_path):
+    """A placed job's driver waits for that round: polling alone would hold it back up to
+    a poll period (an hour here)."""
+    assert asyncio.run(placed_and_examined_at_once(tmp_path)) < 30
+
+
 async def three_leave_with_capacity(tmp_path, nodes_per_pool: int) -> tuple[list[str], bool]:
     """Six running jobs in two groups of three (two nodes of each pool); b, c and e leave.
     Returns the jobs moving after a round, and whether regrouping waits for room."""
@@ -117,6 +148,7 @@ async def three_leave_with_capacity(tmp_path, nodes_per_pool: int) -> tuple[list
     options = ControlOptions(regroup=free_moves, slo_guard=False, regroup_poll_s=3600, capacity=capacity)
     control = ControlPlane(store, options)
     await control.start()
+    rounds_by_hand(control)
     try:
         await control.submit([external(n) for n in "abcdef"])
         for name in "abcdef":

@@ -13,6 +13,7 @@ the nodes the state holds and starts the drivers of placed jobs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import math
@@ -147,6 +148,8 @@ class ControlOptions:
     slo_guard: bool = True
     """Move a job out of a group whose measured phase times break an SLO."""
     regroup_poll_s: float = 0.2
+    """How often the SLO guard runs and a plan not carried out is planned again; arrivals,
+    starts and departures start a round at once."""
 
 
 class ControlPlane:
@@ -177,6 +180,9 @@ class ControlPlane:
         self.accepted = 0
         self.ready = False
         self._changed: asyncio.Event | None = None
+        self._regroup_now: asyncio.Event | None = None
+        """Set by an arrival, start or departure: the next regrouping round runs at once
+        (a placed job's driver waits for it), not at the next poll."""
         self._tasks: list[asyncio.Task] = []
         self._launches: dict[str, asyncio.Task] = {}
         self._carrying: dict[str, asyncio.Task] = {}
@@ -190,12 +196,15 @@ class ControlPlane:
         are given back, not at once."""
         self._examined_at = -math.inf
         """When the last regrouping round took its snapshot (see :meth:`_settled`)."""
+        self._reseating: frozenset[str] = frozenset()
+        """Jobs not started yet that the round being carried out seats elsewhere: they
+        wait for it (the others it saw start as soon as it is planned)."""
 
     # --- life ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start writing, watching leases and capacity, and recover what the executor lost."""
-        self._changed = asyncio.Event()
+        self._changed, self._regroup_now = asyncio.Event(), asyncio.Event()
         self.journal.start(asyncio.get_running_loop())
         capacity = await self.executor.capacity()
         if capacity is not None:
@@ -491,6 +500,8 @@ class ControlPlane:
             self._changed.set()
         if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED) for e in delta.events):
             self._regroup_due = self.options.regroup is not None
+            if self._regroup_now is not None:
+                self._regroup_now.set()
         if self._waiting_room and any(not entry.held for entry in delta.nodes):
             self._waiting_room, self._regroup_due = False, True
         self._carry(delta.movable)
@@ -612,8 +623,11 @@ class ControlPlane:
     # --- moving running jobs ----------------------------------------------------------------
 
     async def _regroup_forever(self) -> None:
+        assert self._regroup_now is not None
         while True:
-            await asyncio.sleep(self.options.regroup_poll_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._regroup_now.wait(), self.options.regroup_poll_s)
+            self._regroup_now.clear()
             try:
                 await self._regroup_once()
             except Exception:
@@ -638,11 +652,17 @@ class ControlPlane:
             snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
             progress = self.state.progress(view, taken)
             plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping, progress)
-            if plan is not None and self._still_movable(plan, snapshot):
-                moved += await self._start_readied(plan, snapshot)
+            unstarted = {spec.name for spec in plan.moved} if plan is not None else set()
+            self._reseating = frozenset(n for n in unstarted if n in self.state.jobs and self.state.jobs[n].unstarted)
+            self._examined(taken)  # before its new nodes are readied: that may take Ray many seconds
+            try:
+                if plan is not None and self._still_movable(plan, snapshot):
+                    moved += await self._start_readied(plan, snapshot)
+            finally:
+                self._reseating = frozenset()
+                self._examined(taken)
             if plan is not None and not moved and not self._waiting_room:
                 self._regroup_due = True  # not carried out: planned again (its groups are re-examined)
-            self._examined(taken)
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
@@ -657,10 +677,12 @@ class ControlPlane:
             self._changed.set()  # reconcile only when a placed job may start now
 
     def _settled(self, job: Job) -> bool:
-        """The job may start: regrouping is off, or a round has seen it placed."""
+        """The job may start: regrouping is off, or a round has seen it placed and does not
+        seat it elsewhere."""
         if self.options.regroup is None or not job.unstarted:
             return True
-        return job.placed_at is not None and job.placed_at < self._examined_at
+        seen = job.placed_at is not None and job.placed_at < self._examined_at
+        return seen and job.name not in self._reseating
 
     def _still_movable(self, plan: RegroupPlan, snapshot: Cluster) -> bool:
         """The plan's jobs still run in their turns (or have still not started), in the
@@ -730,10 +752,12 @@ class ControlPlane:
             external = job.program.get("kind", "external") == "external"
             moved = 0 if external else await self.executor.transfer(name, epoch, pairs)
         except Exception as error:  # noqa: BLE001 - whatever broke, the job's state did not land
-            log.warning("moving %s failed: %s", name, error)
             job = self.state.jobs.get(name)
-            if job is not None and job.move == move and job.epoch == epoch:
-                await self._lose(name, f"its state did not reach its new nodes: {error}")
+            if job is None or job.move != move or job.epoch != epoch:
+                log.info("the move of %s ended with it (cancelled or restarted meanwhile): %s", name, error)
+                return
+            log.warning("moving %s failed: %s", name, error)
+            await self._lose(name, f"its state did not reach its new nodes: {error}")
             return
         failpoint("move:after-transfer")
         if self.state.finish_move(name, epoch, move.decided_at, moved, self.clock()):
