@@ -304,8 +304,8 @@ class PoolWorker:
             phase == ROLLOUT
             and rollout is not None
             and callable(getattr(trainer, "weights", None))
-            and callable(getattr(rollout.state, "discard", None))
-            and rollout.state.optimizer is None
+            and callable(getattr(getattr(rollout, "state", None), "discard", None))
+            and getattr(rollout.state, "optimizer", None) is None
         )
 
     def _resident_bytes(self, key: RoleKey, role: Role, roles: Mapping[RoleKey, Role] | None = None) -> int:
@@ -316,7 +316,7 @@ class PoolWorker:
     def _sleep_holder(self, job: str, phase: str, epoch: int, token: int) -> float:
         """Put the grant holder's role back to sleep, with the node's execution lock held."""
         self._check_holder(job, phase, epoch, token)
-        self._role((job, phase))
+        self._role((job, phase))  # a role unloaded meanwhile: refused before the node is marked asleep
         self.awake = None
         return self._park((job, phase))
 
@@ -399,7 +399,8 @@ class PoolWorker:
 
         pending = self.pending_weights.get(job) if phase == ROLLOUT else None
         if phase == ROLLOUT and pending is None and role.state.needs_weights and (job, TRAIN) in self.roles:
-            pending = self.roles[(job, TRAIN)].weights()  # type: ignore[attr-defined]  # leaves its trainer: takes its weights
+            # a co-located rollout leaving its trainer takes the trainer's weights along
+            pending = self.roles[(job, TRAIN)].weights()  # type: ignore[attr-defined]
         return PortableRole(role), pending
 
     def holds(self, job: str, phase: str, epoch: int) -> bool:

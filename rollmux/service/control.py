@@ -652,8 +652,8 @@ class ControlPlane:
             snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
             progress = self.state.progress(view, taken)
             plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping, progress)
-            unstarted = {spec.name for spec in plan.moved} if plan is not None else set()
-            self._reseating = frozenset(n for n in unstarted if n in self.state.jobs and self.state.jobs[n].unstarted)
+            movers = [self.state.jobs.get(spec.name) for spec in plan.moved] if plan is not None else []
+            self._reseating = frozenset(job.name for job in movers if job is not None and job.unstarted)
             self._examined(taken)  # before its new nodes are readied: that may take Ray many seconds
             try:
                 if plan is not None and self._still_movable(plan, snapshot):
