@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -33,13 +34,18 @@ jobs:
 """
 
 
+def first_run(tmp_path, text: str) -> tuple[Path, Path]:
+    """Write ``text`` as a run file and run it to its end; the file and the output folder."""
+    example, out = tmp_path / "run.yaml", tmp_path / "out"
+    example.write_text(text)
+    result = runner.invoke(app, ["run", str(example), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return example, out
+
+
 def test_run_writes_trace_gantt_and_reward_curves_and_a_second_run_reports_done(tmp_path):
-    example = tmp_path / "run.yaml"
-    example.write_text(TINY)
-    out = tmp_path / "out"
     try:
-        result = runner.invoke(app, ["run", str(example), "--out", str(out)])
-        assert result.exit_code == 0, result.output
+        example, out = first_run(tmp_path, TINY)
         trace = json.loads((out / "timeline.json").read_text())
         slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] in ("rollout", "train")]
         assert len(slices) == 2 * 2 * 3  # two jobs, two phases, three iterations, one node each
@@ -85,12 +91,8 @@ def test_jobs_seated_co_located_train_as_they_would_alone(tmp_path):
     """Each job's rollout sits beside its trainer and keeps no copy of its own: parked
     without weights, it gets its trainer's at every wake, and its losses and rewards are
     those of the job trained alone."""
-    example = tmp_path / "run.yaml"
-    example.write_text(CO_LOCATED)
-    out = tmp_path / "out"
     try:
-        result = runner.invoke(app, ["run", str(example), "--out", str(out)])
-        assert result.exit_code == 0, result.output
+        _, out = first_run(tmp_path, CO_LOCATED)
         ran = json.loads((out / "run.json").read_text())
         for name, seed in (("a", 1), ("b", 2)):
             job = ran["jobs"][name]
