@@ -1053,8 +1053,8 @@ def _profile(values: list[float]) -> PhaseTime:
     of the host in a sample or two of the window does not make a job look slow for the
     window's length; a job whose phases really are longer or spread moves the median and
     the deviation. (The maximum of the window used to stand for it: in a replay 2 % of
-    phases overran by up to 1.7× in bursts, and the planner then saw a tenth of the jobs
-    40–90 % slower than they were, and seated them on more nodes.)"""
+    phases overran by more than a quarter, in bursts, and the planner then saw a tenth of
+    the jobs 40–90 % slower than they were, and seated them on more nodes.)"""
     mean = statistics.fmean(values)
     median = statistics.median(values)
     spread = ROBUST_SIGMA * statistics.median(abs(value - median) for value in values)
