@@ -149,7 +149,10 @@ class ControlOptions:
     """Move a job out of a group whose measured phase times break an SLO."""
     regroup_poll_s: float = 0.2
     """How often the SLO guard runs and a plan not carried out is planned again; arrivals,
-    starts and departures start a round at once."""
+    starts and departures start a round sooner (see ``regroup_settle_s``)."""
+    regroup_settle_s: float = 0.2
+    """A round starts this long after the last of a burst of events, not at each of them: a
+    round planned between two departures of the same instant moved jobs about to leave."""
 
 
 class ControlPlane:
@@ -627,7 +630,11 @@ class ControlPlane:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._regroup_now.wait(), self.options.regroup_poll_s)
-            self._regroup_now.clear()
+            while self._regroup_now.is_set():
+                # Events of one instant come as several requests (a window's departures):
+                # planned once they have all landed, as the simulator regroups once after them.
+                self._regroup_now.clear()
+                await asyncio.sleep(self.options.regroup_settle_s)
             try:
                 await self._regroup_once()
             except Exception:
