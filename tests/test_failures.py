@@ -1,5 +1,6 @@
 """Failure injection in the simulator: seeded, exact on a hand-made case, and never
-flattering (ETTR in [0, 1], standby paid, replicas lose no progress)."""
+flattering (ETTR in [0, 1], standby paid, replicas lose no progress where the buddy plan
+found them room, and only there)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ PAIR = COST.price(Pool.ROLLOUT) + COST.price(Pool.TRAIN)
 HOUR = 3600.0
 
 
-def spec(name: str, rollout: float = 100, train: float = 100, slo: float = 1.5) -> JobSpec:
+def spec(
+    name: str, rollout: float = 100, train: float = 100, slo: float = 1.5, mem: float = 0.0, width: int = 1
+) -> JobSpec:
     fixed = (PhaseTime.fixed(rollout), PhaseTime.fixed(train))
-    return JobSpec(name, *fixed, slo, colocated=fixed)
+    return JobSpec(name, *fixed, slo, rollout_width=width, train_width=width, train_mem_gb=mem, colocated=fixed)
 
 
 def jobs_trace(count: int, hours: float) -> Trace:
@@ -157,6 +160,42 @@ def test_lost_progress_is_zero_with_replicas_and_not_without():
     assert plain.failures.recoveries[Recovery.STANDBY_CHECKPOINT] > 0
 
 
+def test_a_job_whose_copy_has_no_room_redoes_its_progress_and_one_with_a_buddy_does_not():
+    # Solo, 1,600 GB usable per training node: a's copy (1,000 GB) goes to c's node, c's
+    # (100 GB) to a's; b's fits on no other node and there is no standby.
+    jobs = (spec("a", mem=1000), spec("b", mem=1000), spec("c", mem=100))
+    trace = Trace(tuple(TraceJob(job, 0, 72 * HOUR) for job in jobs))
+    run = simulate(trace, SoloPolicy(), failures=FailureModel(mtbf_hours=10, replicas=True, seed=1))
+    account = run.failures
+    hits = {name: [h for h in account.log if h.job == name] for name in ("a", "b", "c")}
+    assert all(hits.values()) and all(h.kind is Recovery.COLD for h in account.log)
+    assert not any(h.replica for h in hits["b"]) and sum(h.redo_s for h in hits["b"]) > 0
+    assert all(h.replica and h.redo_s == 0 for h in hits["a"] + hits["c"])
+    assert account.redo_s == sum(h.redo_s for h in hits["b"])
+    assert account.unreplicated_job_s == pytest.approx(72 * HOUR)
+
+
+def test_the_jobs_of_one_failed_node_recover_each_on_its_own_terms():
+    # RollMux packs a one-node job beside a two-node one: the narrow trainer's copy lives
+    # on the wide job's second training node; the wide trainer has none (two shards).
+    trace = Trace(
+        (TraceJob(spec("wide", slo=2.0, width=2), 0, 72 * HOUR), TraceJob(spec("narrow", slo=2.0), 0, 72 * HOUR))
+    )
+    model = FailureModel(mtbf_hours=20, standby=1, replicas=True, seed=0)
+    run = simulate(trace, RollMuxPolicy(), failures=model)
+    account = run.failures
+    by_time: dict[float, dict[str, Recovery]] = {}
+    for hit in account.log:
+        by_time.setdefault(hit.time, {})[hit.job] = hit.kind
+    shared = [kinds for kinds in by_time.values() if len(kinds) == 2]
+    assert shared and account.interruptions == account.failures + len(shared)
+    # One standby per failed node, but each job its own kind when the standby was free.
+    assert {"wide": Recovery.STANDBY_CHECKPOINT, "narrow": Recovery.STANDBY_BUDDY} in shared
+    assert not any(h.replica for h in account.log if h.job == "wide")
+    assert sum(account.recoveries.values()) == account.interruptions
+    assert account.unreplicated_job_s == pytest.approx(72 * HOUR)
+
+
 def test_failure_losses_count_against_the_slo():
     # A job whose SLO leaves no slack misses it once a failure costs it any time.
     tight = Trace((TraceJob(spec("a", slo=1.0), 0, 24 * HOUR),))
@@ -227,15 +266,19 @@ def test_ettr_is_a_ratio_and_standby_only_adds_cost(windows, mtbf, standby, repl
             if job.lost_s > 0:
                 assert job.slowdown > fault_free.jobs[name].slowdown
         account = run.failures
-        assert account.failures == sum(account.recoveries.values())
+        assert account.interruptions == sum(account.recoveries.values())
         assert account.wasted_node_s >= 0 and account.standby_usd >= 0
         # Without regrouping, failures change no placement: the cost is the fault-free
         # cost plus the standby nodes, never less.
         assert run.cost_usd == pytest.approx(fault_free.cost_usd + account.standby_usd)
         assert run.cost_usd >= fault_free.cost_usd
         assert run.work_efficiency <= fault_free.work_efficiency + 1e-12
-        if replicas:
-            assert account.redo_s == 0
+        # Nothing is redone from a replica; a replica is there only when asked for.
+        assert all(h.redo_s == 0 for h in account.log if h.replica)
+        assert replicas or not any(h.replica for h in account.log)
+        assert all(h.replica == (h.kind is Recovery.STANDBY_BUDDY) for h in account.log if h.kind is not Recovery.COLD)
+        if not replicas:
+            assert account.unreplicated_job_s == 0
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +300,8 @@ def test_compare_reports_failures_next_to_fault_free(small_trace):
     rollmux = report["policies"]["rollmux"]
     assert rollmux["fault_free_cost_usd"] == result.results["rollmux"].cost_usd
     assert rollmux["cost_usd"] > rollmux["fault_free_cost_usd"]
-    assert len(rollmux["log"]) == rollmux["interruptions"]
+    assert len(rollmux["log"]) == rollmux["interruptions"] == sum(rollmux["recoveries"].values())
+    assert 0 <= rollmux["unreplicated_job_hours"] <= sum(j.departure - j.arrival for j in trace.jobs) / HOUR
     assert "failures" not in compare(trace, ["solo"]).to_json()
 
 
@@ -268,6 +312,7 @@ def test_simulate_command_prints_failure_table_and_json(small_trace, tmp_path):
     assert result.exit_code == 0, result.output
     assert "node failures: MTBF 50 h/node, 1 standby/pool, replicas on" in result.output
     assert "ETTR" in result.output and "stby+buddy" in result.output
+    assert "jobs without a replica (no room on another training node or a standby): rollmux=" in result.output
     failures = json.loads(out.read_text())["failures"]
     assert failures["model"]["downtimes"]["cold_s"] == 400 and failures["model"]["replicas"] is True
     assert 0 < failures["policies"]["rollmux"]["ettr"] <= 1

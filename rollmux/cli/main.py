@@ -316,13 +316,19 @@ def failures_table(result: Comparison) -> Table:
 
 
 def failures_lines(result: Comparison) -> list[str]:
-    """Jobs interrupted per policy and, with replicas, how long each policy's pools lacked
-    the DRAM for a buddy copy of every resident state (placement does not reserve it)."""
+    """Jobs interrupted per policy (the recovery columns count these, not failures: the
+    jobs of one failed node may recover differently) and, with replicas, the job-hours
+    of jobs whose copy had no buddy (no room on another held training node nor a
+    standby, or a trainer spread over several nodes): those recover from their
+    checkpoint."""
     accounts = {name: run.failures for name, run in result.with_failures.items() if run.failures}
-    lines = ["jobs interrupted: " + " ".join(f"{name}={a.interruptions}" for name, a in accounts.items())]
+    lines = [
+        "jobs interrupted (each once in stby+buddy, stby+ckpt or cold): "
+        + " ".join(f"{name}={a.interruptions}" for name, a in accounts.items())
+    ]
     if result.failure_model and result.failure_model.replicas:
-        unfit = " ".join(f"{name}={a.replicas_unfit_s / 3600:.1f}h" for name, a in accounts.items())
-        lines.append(f"pool DRAM short of a buddy copy of every state (placement does not reserve it): {unfit}")
+        hours = " ".join(f"{name}={a.unreplicated_job_s / 3600:.1f}h" for name, a in accounts.items())
+        lines.append(f"jobs without a replica (no room on another training node or a standby): {hours}")
     return lines
 
 

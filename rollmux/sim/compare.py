@@ -100,7 +100,7 @@ def failure_summary(fault_free: SimResult, run: SimResult) -> dict:
         "recoveries": {kind.value: count for kind, count in account.recoveries.items()},
         "interruptions": account.interruptions,
         "standby_failures": account.standby_failures,
-        "replicas_unfit_hours": account.replicas_unfit_s / HOUR,
+        "unreplicated_job_hours": account.unreplicated_job_s / HOUR,
         "log": [asdict(hit) for hit in account.log],
     }
 

@@ -10,12 +10,27 @@ options: runs that differ only in how they recover see the same failures.
 
 A failed node interrupts every job with a role on it (in RollMux several jobs of a
 group, in Solo one job). Its pool replaces it with an idle standby node if it has one,
-else with a node provisioned cold; the job pulls its state from a buddy's host memory
-(replicas on) or from its last checkpoint. The job makes no progress for the recovery's
-downtime and, without a replica, redoes the progress made since its last checkpoint.
-Other jobs of the group keep their turns; that they could run faster meanwhile is not
-counted (conservative). A used standby is replaced in the background within
-``restock_s``; idle standby nodes fail too and are replaced the same way.
+else with a node provisioned cold: one standby per failed node, whatever the number of
+its jobs. Each job then recovers on its own terms, from its replica if it has one, else
+from its last checkpoint: it makes no progress for the recovery's downtime and, without a
+replica, redoes the progress made since that checkpoint. Other jobs of the group keep
+their turns; that they could run faster meanwhile is not counted (conservative). A used
+standby is replaced in the background within ``restock_s``; idle standby nodes fail too
+and are replaced the same way.
+
+With replicas on, where each job's copy lives is the core's buddy plan
+(rollmux.core.replicas, the function the live system uses), made afresh for every
+interval from the cluster of that interval: a copy sits on another held training node or
+on a training-pool standby, in the room the placement leaves, or nowhere (its job is then
+unreplicated and recovers from its checkpoint). A job has a replica at a failure when its
+buddy is not the failed node and is up: a standby buddy that failed or was used loses the
+copies it kept until it is restocked, and a held buddy that failed keeps none until its
+replacement is up from a checkpoint (the copies are written again after the next
+training phase; that gap is not counted). A rollout node keeps no copy of its own (its
+weights come back from the trainer), so a job interrupted by a rollout node failure has a
+replica, and redoes nothing, exactly when its trainer's copy is intact by the same rule.
+With a replica nothing is redone whatever the replacement: a cold restart from the
+buddy's copy costs the cold downtime only.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from rollmux.core.cluster import Cluster
+from rollmux.core.replicas import Buddy, BuddyPlan, plan_buddies
 from rollmux.core.spec import CostModel, Pool
 from rollmux.inputs.trace import Trace
 
@@ -63,9 +79,9 @@ class RecoveryTimes:
     - ``standby_checkpoint_s`` 60: the same standby, but the state comes from the last
       storage checkpoint. An estimate, not a measurement: a 32B trainer's resident state
       (about 500 GB) read at about 10 GB/s, plus the re-wiring of the standby case.
-    - ``cold_s`` 300: provision a replacement node, start processes, load the checkpoint;
-      the figure the same papers report for checkpoint-restart at 1,024 GPUs (the brief
-      quotes ~6.5 min at 16K GPUs).
+    - ``cold_s`` 300: provision a replacement node, start processes, load the job's state
+      (its checkpoint, or its replica: nothing is then redone); the figure the same papers
+      report for checkpoint-restart at 1,024 GPUs (the brief quotes ~6.5 min at 16K GPUs).
     """
 
     standby_buddy_s: float = 20.0
@@ -86,8 +102,9 @@ class FailureModel:
 
     ``mtbf_hours`` is per node (``math.inf``: no failures). ``standby`` idle nodes per pool
     are paid while the pool holds any node (an empty pool keeps none). ``replicas``: every
-    job's state also lives in a buddy node's host memory, so a recovery loses no progress
-    and, with a standby, is the fast kind; replicas sit in existing nodes' DRAM and add no
+    job asks for a copy of its trainer state in a buddy's host memory, kept where the buddy
+    plan finds room (another held training node, else a training standby), so a job with
+    a copy loses no progress and, with a standby, recovers the fast way; copies add no
     nodes. Jobs checkpoint every ``checkpoint_interval_s`` of progress since they started
     or last recovered. A used or failed standby is replaced within ``restock_s``.
     """
@@ -123,10 +140,13 @@ class FailureModel:
         """Failures per second of one held node."""
         return 1.0 / (self.mtbf_hours * HOUR)
 
-    def recovery(self, standby_free: bool) -> Recovery:
+    @staticmethod
+    def recovery(standby_free: bool, replica: bool) -> Recovery:
+        """How one job comes back: the kind names the replacement node and, with a
+        standby, where the state comes from (a cold restart may also read a replica)."""
         if not standby_free:
             return Recovery.COLD
-        return Recovery.STANDBY_BUDDY if self.replicas else Recovery.STANDBY_CHECKPOINT
+        return Recovery.STANDBY_BUDDY if replica else Recovery.STANDBY_CHECKPOINT
 
 
 @dataclass
@@ -136,6 +156,8 @@ class FailureAccount:
     failures: int = 0
     """Failures of nodes that held jobs."""
     recoveries: dict[Recovery, int] = field(default_factory=lambda: dict.fromkeys(Recovery, 0))
+    """Interrupted jobs by recovery kind (they sum to ``interruptions``, not ``failures``:
+    the jobs of one failed node can recover differently, some from a replica, some not)."""
     standby_failures: int = 0
     downtime_s: float = 0.0
     """Job-seconds without progress while recovering."""
@@ -146,10 +168,10 @@ class FailureAccount:
     time split equally among the jobs seated on it."""
     standby_node_s: float = 0.0
     standby_usd: float = 0.0
-    replicas_unfit_s: float = 0.0
-    """Seconds during which some pool's held DRAM could not hold a second copy of every
-    resident state (replicas on): a bound the buddy copies would break, not checked by
-    placement."""
+    unreplicated_job_s: float = 0.0
+    """Job-seconds (replicas on) of placed jobs that had no buddy: their copy fit on no
+    other held training node nor a standby, or their trainer spans several nodes. Copies
+    lost with a failed buddy, until it is back, are not counted here."""
     log: list[Interruption] = field(default_factory=list)
     """Every job interrupted, in time order: a failed node carrying three jobs interrupts three."""
 
@@ -171,6 +193,8 @@ class Interruption:
     kind: Recovery
     downtime_s: float
     redo_s: float
+    replica: bool = False
+    """Whether the job recovered from its replica (then nothing is redone)."""
 
     @property
     def lost_s(self) -> float:
@@ -206,6 +230,9 @@ class FailureInjector:
         self.jobs = {j.spec.name: _JobClock(j.arrival, j.departure) for j in trace.jobs}
         self.standby_ready = {pool: [0.0] * model.standby for pool in Pool}
         """Per pool and standby slot: when that slot holds an idle standby again."""
+        self.node_back: dict[int, float] = {}
+        """Per held node that failed: when its replacement is up from a checkpoint (the
+        earliest a buddy keeps copies again)."""
         self.account = FailureAccount()
 
     def interval(self, cluster: Cluster, start: float, end: float) -> list[Interruption]:
@@ -213,15 +240,22 @@ class FailureInjector:
         if end <= start:
             return []
         self._charge_standby(cluster, end - start)
-        self._check_replicas(cluster, end - start)
+        plan = self._plan(cluster)
+        self.account.unreplicated_job_s += len(plan.unplaced) * (end - start)
         seated = _jobs_per_node(cluster)
         hits: list[Interruption] = []
         for failure in sorted(self._draw(cluster, start, end), key=lambda f: f.time):
             if failure.node is None:
                 self._standby_failed(failure)
             else:
-                hits.extend(self._node_failed(failure, seated))
+                hits.extend(self._node_failed(failure, failure.node, seated, plan))
         return hits
+
+    def _plan(self, cluster: Cluster) -> BuddyPlan:
+        """The core's buddy plan for every placed job (replicas on), else no copies at all."""
+        if not self.model.replicas:
+            return BuddyPlan({}, ())
+        return plan_buddies(cluster, set(cluster.job_group), self.model.standby)
 
     def _draw(self, cluster: Cluster, start: float, end: float) -> Iterator[_Failure]:
         for node, pool in sorted(cluster.node_pool.items()):
@@ -251,17 +285,39 @@ class FailureInjector:
             ready[failure.slot] = failure.time + self.model.restock_s
             self.account.standby_failures += 1
 
-    def _node_failed(self, failure: _Failure, seated: dict[int, list[str]]) -> list[Interruption]:
-        kind = self.model.recovery(self._take_standby(failure.pool, failure.time))
+    def _node_failed(
+        self, failure: _Failure, node: int, seated: dict[int, list[str]], plan: BuddyPlan
+    ) -> list[Interruption]:
+        """Replace the failed ``node`` (one standby, or cold) and recover each of its jobs.
+        Whether a job has a replica is decided before the standby is taken: the standby
+        taken may be the very one that keeps the copy (it then becomes the job's node)."""
+        jobs = seated.get(node, [])
+        replicas = [self._has_replica(job, node, failure.time, plan) for job in jobs]
+        standby_free = self._take_standby(failure.pool, failure.time)
         self.account.failures += 1
-        self.account.recoveries[kind] += 1
-        hits = [self._interrupt(job, failure.time, kind) for job in seated.get(failure.node, [])]
+        self.node_back[node] = failure.time + self.model.downtimes.of(self.model.recovery(standby_free, replica=False))
+        hits = [
+            self._interrupt(job, failure.time, self.model.recovery(standby_free, replica), replica)
+            for job, replica in zip(jobs, replicas, strict=True)
+        ]
         for hit in hits:
+            self.account.recoveries[hit.kind] += 1
             self.account.log.append(hit)
             self.account.downtime_s += hit.downtime_s
             self.account.redo_s += hit.redo_s
             self.account.wasted_node_s += hit.lost_s * _node_share(hit.job, seated)
         return hits
+
+    def _has_replica(self, job: str, failed: int, time: float, plan: BuddyPlan) -> bool:
+        """Whether ``job``'s copy survives the failure of node ``failed`` at ``time``: its
+        buddy is another node, and up (a standby restocking, or a held node not yet
+        replaced, keeps no copies)."""
+        if not plan.replicated(job, failed=Buddy(node=failed)):
+            return False
+        buddy = plan.buddies[job]
+        if buddy.standby is not None:
+            return self.standby_ready[Pool.TRAIN][buddy.standby] <= time
+        return self.node_back.get(buddy.node, 0.0) <= time
 
     def _take_standby(self, pool: Pool, time: float) -> bool:
         ready = self.standby_ready[pool]
@@ -271,7 +327,7 @@ class FailureInjector:
                 return True
         return False
 
-    def _interrupt(self, job: str, time: float, kind: Recovery) -> Interruption:
+    def _interrupt(self, job: str, time: float, kind: Recovery, replica: bool) -> Interruption:
         """Stop ``job`` at ``time``: no progress until the recovery ends, and, without a
         replica, the progress since its last checkpoint lost. A failure during a recovery
         restarts the recovery and loses nothing more."""
@@ -281,19 +337,15 @@ class FailureInjector:
             downtime, redo = max(0.0, back - clock.up_at), 0.0
         else:
             downtime = back - time
-            redo = 0.0 if self.model.replicas else (time - clock.up_at) % self.model.checkpoint_interval_s
+            redo = 0.0 if replica else (time - clock.up_at) % self.model.checkpoint_interval_s
         clock.up_at = max(clock.up_at, back)
-        return Interruption(job, time, kind, downtime, redo)
+        return Interruption(job, time, kind, downtime, redo, replica)
 
     def _charge_standby(self, cluster: Cluster, dt: float) -> None:
         for pool in Pool:
             if cluster.nodes(pool) > 0:
                 self.account.standby_node_s += self.model.standby * dt
                 self.account.standby_usd += self.model.standby * self.cost.price(pool) * dt / HOUR
-
-    def _check_replicas(self, cluster: Cluster, dt: float) -> None:
-        if self.model.replicas and any(_replicas_unfit(cluster, pool) for pool in Pool):
-            self.account.replicas_unfit_s += dt
 
 
 def _jobs_per_node(cluster: Cluster) -> dict[int, list[str]]:
@@ -309,14 +361,3 @@ def _jobs_per_node(cluster: Cluster) -> dict[int, list[str]]:
 def _node_share(job: str, seated: dict[int, list[str]]) -> float:
     """Nodes attributed to ``job``: each node it sits on, split equally among its jobs."""
     return sum(1.0 / len(jobs) for jobs in seated.values() if job in jobs)
-
-
-def _replicas_unfit(cluster: Cluster, pool: Pool) -> bool:
-    """Whether the pool's held DRAM lacks room for a second copy of every resident state
-    (a necessary condition for buddy replicas, summed over the pool: not per node)."""
-    used = sum(
-        group.mem_used_gb(node)
-        for group in cluster.groups.values()
-        for node in (group.rollout_nodes if pool is Pool.ROLLOUT else group.train_nodes)
-    )
-    return 2 * used > cluster.nodes(pool) * cluster.cost.usable_dram_gb(pool)
