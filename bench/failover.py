@@ -5,8 +5,9 @@ local Ray. In the middle of the run the training worker's process is SIGKILLed (
 failpoint at the start of a training step, after ``--kill-after`` steps of the two jobs),
 and the two jobs recover:
 
-- ``standby_buddy``: a standby worker per pool, jobs with ``replicas: 1`` — the standby
-  that takes the node over already holds both trainers' copies;
+- ``standby_buddy``: a standby worker per pool, jobs with ``replicas: 1`` — with one
+  training node held, the core's buddy plan names the standby as both jobs' buddy, so
+  the standby that takes the node over already holds both trainers' copies;
 - ``standby_ckpt``: a standby per pool, no replicas — the roles are rebuilt from the last
   checkpoint (every ``--checkpoint-every`` iterations) on the standby;
 - ``cold``: no standby — a new worker process is started for the node and the roles are

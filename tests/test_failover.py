@@ -116,8 +116,9 @@ def test_a_job_the_units_left_beside_the_standbys_cannot_hold_is_refused_saying_
 
 
 def serve(tmp_path, failpoint: str, skip: int, standby: int) -> ServiceProcess:
-    """A service on two units per pool (a node and a standby each), whose workers SIGKILL
-    themselves once, at the ``skip + 1``-th pass of ``failpoint`` in one process."""
+    """A service on two units per pool (with a standby: a node and a standby each), whose
+    workers SIGKILL themselves once, at the ``skip + 1``-th pass of ``failpoint`` in one
+    process."""
     os.environ.update({VARIABLE: failpoint, ONCE_VARIABLE: str(tmp_path / "killed"), SKIP_VARIABLE: str(skip)})
     arguments = ("--rollout-nodes", "2", "--train-nodes", "2", "--lease-s", "5", "--no-regroup", "--no-slo-guard")
     try:
@@ -216,3 +217,69 @@ def test_a_rollout_worker_killed_while_receiving_a_weight_sync_leaves_both_jobs_
         no_node_runs_two_jobs(api.phase_log())
     finally:
         service.stop()
+
+
+def test_replicas_give_way_to_the_roles_of_the_nodes_own_jobs():
+    """A copy only takes the room placement leaves (as in the core's buddy plan): a role
+    that needs the room drops the copy, and its job copies again after its next step."""
+    worker = trained_worker(0)
+    buddy = PoolWorker(pool="train", host_limit_bytes=worker.host_bytes() + 1024)  # room for the copy only
+    buddy.assign(1)
+    buddy.keep_replica("a", "train", 1, shipped(worker.replica("a", "train", 1, 1)))
+    buddy.load("b", "train", 1, lambda: GRPOTrainer(GRPOConfig(**SMALL)))
+    assert not buddy.replicas and ("b", "train") in buddy.roles
+
+
+def test_a_copy_kept_beside_a_computing_role_never_walks_its_tensors():
+    """A buddy is a held node whose own jobs compute while copies arrive: counting its
+    memory then must not walk the awake role's tensors, which a training step changes
+    under the walk (a buddy's worker died of a segmentation fault that way)."""
+    worker = trained_worker(0)
+    worker.wake("a", "train", 1, 2)
+    woken = worker.host_bytes()
+    worker.roles[("a", "train")].state._tensors = lambda: pytest.fail("walked the tensors of a computing role")
+    copy = shipped(trained_worker(1).replica("a", "train", 1, 1))
+    assert worker.keep_replica("b", "train", 1, copy) > 0
+    assert worker.host_bytes() > woken
+
+
+def test_a_buddy_hands_out_copies_of_its_replica_no_older_than_asked_and_keeps_it():
+    worker = trained_worker(0)
+    buddy = PoolWorker(pool="train", host_limit_bytes=2**30)
+    buddy.keep_replica("a", "train", 1, shipped(worker.replica("a", "train", 1, 1)))
+    assert buddy.replica_copy("a", "train", 2) is None and buddy.replica_copy("b", "train", 0) is None
+    copy = shipped(buddy.replica_copy("a", "train", 1))
+    assert copy.history == worker.progress("a", "train", 1) and ("a", "train") in buddy.replicas
+
+
+def test_a_trainer_killed_without_a_standby_comes_back_from_its_buddy_on_another_training_node(tmp_path):
+    """Two jobs that cannot share a trainer (SLO 1) hold a training node each, and each job's buddy
+    is the other's node. One trainer's worker is killed mid-step with no standby and no
+    checkpoint since the start: a fresh worker pulls the copy from the other node, and the
+    job resumes at the killed step."""
+    killed_step = 25  # each trainer's worker runs one job's steps
+    service = serve(tmp_path, "call:train", killed_step, standby=0)
+    try:
+        api = Client(service.url, service.token)
+        alone = {"slo": 1.0, "rollout_s": 0.1, "train_s": 1.0}  # two trainers on one node would be 2x slower
+        jobs = [{**job, **alone} for job in grpo_pair(ITERATIONS, replicas=1, checkpoint_every=1000)]
+        api.request("POST", "/v1/plans", json={"jobs": jobs})
+        seats = wait_until(lambda: _seated_with_buddies(api), timeout_s=120)
+        assert seats["a"][1] == f"node:{seats['b'][0]}" and seats["b"][1] == f"node:{seats['a'][0]}"
+        views = wait_until(lambda: all_ended(api), timeout_s=300)
+        assert {v["state"] for v in views.values()} == {"done"}, views
+        (restarted,) = [name for name, view in views.items() if view["restarts"] == 1]
+        running = [e for e in api.request("GET", f"/v1/jobs/{restarted}/events") if e["kind"] == "running"]
+        assert "(trainer: buddy)" in running[-1]["detail"], running
+        assert resumed_at(api, restarted) >= killed_step - 1
+        as_if_alone(api)
+        no_node_runs_two_jobs(api.phase_log())
+    finally:
+        service.stop()
+
+
+def _seated_with_buddies(api: Client) -> dict[str, tuple[int, str]]:
+    """Each job's training node and its buddy, once both jobs have both."""
+    views = {name: api.request("GET", f"/v1/jobs/{name}") for name in SEEDS}
+    seats = {n: (v["train_nodes"][0], v["buddy"]) for n, v in views.items() if v["train_nodes"] and v["buddy"]}
+    return seats if len(seats) == len(SEEDS) else {}

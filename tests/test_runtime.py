@@ -21,7 +21,7 @@ from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
 from rollmux.runtime.executor import RayExecutor
 from rollmux.runtime.launch import RunResult, run_plan
-from rollmux.runtime.nodes import NodeProvisioner, standby_of, worker_of
+from rollmux.runtime.nodes import NodeProvisioner, standby_worker, worker_of
 from rollmux.runtime.session import Session, phase
 from rollmux.runtime.warm import WarmOptions
 from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
@@ -294,7 +294,7 @@ def test_a_restarted_executor_finds_the_drivers_and_spare_workers_that_outlived_
         assert asyncio.run(after.driver_pid("a")) == asyncio.run(before.driver_pid("a"))
         assert [s.name for s in after.nodes.spares[Pool.ROLLOUT]] == [spare]
         assert [s.name for s in after.nodes.standbys[Pool.TRAIN]] == [standby]
-        assert standby_of(Pool.TRAIN)._actor_id == after.nodes.standbys[Pool.TRAIN][0].worker._actor_id
+        assert standby_worker(Pool.TRAIN, 0)._actor_id == after.nodes.standbys[Pool.TRAIN][0].worker._actor_id
     finally:
         asyncio.run(before.close())
 
@@ -353,7 +353,7 @@ def test_a_standby_that_dies_is_replaced_and_the_new_one_becomes_the_buddy(local
 
     try:
         dead, new = asyncio.run(kill_the_buddy_and_wait_for_another())
-        buddy = standby_of(Pool.TRAIN)
+        buddy = standby_worker(Pool.TRAIN, 0)
         assert dead != new and buddy is not None and ray.get(buddy.where.remote())["node_id"] is None
         assert buddy._actor_id == executor.nodes.standbys[Pool.TRAIN][0].worker._actor_id
     finally:

@@ -65,7 +65,7 @@ class JobSubmission(PlanJob):
     max_restarts: int = Field(default=3, ge=0, le=100, description="restarts after a lost lease before it fails")
     checkpoint_every: int = Field(default=1, ge=1, le=1_000_000, description="iterations between checkpoints")
     replicas: Literal[0, 1] = Field(
-        default=0, description="1: a copy of the trainer kept on the pool's standby after every training phase"
+        default=0, description="1: a copy of the trainer kept on a buddy node of the pool after every training phase"
     )
     priority: int = Field(default=0, ge=-1000, le=1000, description="higher is admitted first; FIFO within one")
 

@@ -28,7 +28,7 @@ import ray
 from rollmux.core.errors import StaleEpoch
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.inputs.runfile import JobSubmission
-from rollmux.runtime.nodes import NAMESPACE, worker_of
+from rollmux.runtime.nodes import NAMESPACE, buddy_of, worker_of
 from rollmux.runtime.program import JobContext, load_program
 from rollmux.runtime.session import Session, attach
 from rollmux.service.client import Client, ServiceError, TurnSession
@@ -107,14 +107,18 @@ def _load_roles(
     turns: TurnSession, program: Any, nodes: dict[str, list[int]], workers: dict[int, Any], replicas: bool
 ) -> tuple[list[dict[str, float]] | None, str]:
     """Put the job's roles on its nodes' workers for this session. A job with replicas
-    keeps its trainer where it survived, or takes it from its replica on the buddy that now
-    serves the node; its rollouts are kept too, as they cannot be ahead of that trainer.
+    keeps its trainer where it survived, or takes it from its replica: on the worker that
+    now serves the node if it was the buddy, else pulled from the buddy; its rollouts are
+    kept too, as they cannot be ahead of that trainer.
     Returns the restored trainer's metrics of every iteration (where the job resumes) and
     where it came from, or None and "checkpoint" when it was built: then every role is."""
 
     def load(phases: tuple[str, ...], keep: int | None) -> list[dict[str, Any]]:
+        buddy = buddy_of(turns.job) if keep is not None else None
         loads = [
-            workers[node].load.remote(turns.job, phase, turns.epoch, program.role_factory(phase), keep)
+            workers[node].load.remote(
+                turns.job, phase, turns.epoch, program.role_factory(phase), keep, buddy if phase == TRAIN else None
+            )
             for phase in phases
             for node in nodes[phase]
         ]

@@ -20,7 +20,7 @@ from rollmux.core.control import Capacity
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import Pool
 from rollmux.runtime.driver import HOST_PREFIX, start_host
-from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE, NodeProvisioner, worker_of
+from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE, NodeProvisioner, name_buddy, named_buddies, worker_of
 from rollmux.runtime.warm import WarmOptions
 from rollmux.service.failpoints import failpoint
 
@@ -51,6 +51,8 @@ class RayExecutor:
         self._discovered = False
         self._refill: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
+        self._buddies: dict[str, str] | None = None
+        """The buddies written in the GCS (None: not read since this executor started)."""
         self.url = ""
         self.token = ""
 
@@ -78,6 +80,19 @@ class RayExecutor:
         for node in [n for n in self.nodes.nodes if n not in nodes]:
             await asyncio.to_thread(self.nodes.release, node)
         self._keep_standbys()
+
+    async def name_buddies(self, buddies: dict[str, str]) -> None:
+        await asyncio.to_thread(self._write_buddies, buddies)
+
+    def _write_buddies(self, buddies: dict[str, str]) -> None:
+        """Write the buddies that changed, and clear those of jobs that keep no copy now
+        (after a restart, every one found in the GCS is checked)."""
+        if self._buddies is None:
+            self._buddies = dict.fromkeys(named_buddies(), "")
+        for job in set(self._buddies) | set(buddies):
+            if self._buddies.get(job) != buddies.get(job):
+                name_buddy(job, buddies.get(job))
+        self._buddies = dict(buddies)
 
     async def warm_up(self) -> None:
         """Start the spare driver processes and workers and wait until they answer, so the
@@ -230,7 +245,7 @@ class RayExecutor:
     async def stop_driver(self, job: str, incarnation: int) -> None:
         await self._stop(job)
         for node in [*self.nodes.nodes.values(), *itertools.chain(*self.nodes.standbys.values())]:
-            node.worker.unload.remote(job)  # its roles, and its replicas on the standbys
+            node.worker.unload.remote(job)  # its roles, and its replicas where it kept them
 
     async def close(self) -> None:
         """Give everything back: driver processes stopped, nodes released (jobs resume at the

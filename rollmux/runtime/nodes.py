@@ -15,10 +15,11 @@ a restarted control plane — finds it. Placement groups and workers are detache
 outlive a restart of the control plane.
 
 Standby workers are kept apart from the spares: new nodes never take them. Each has run a
-sandbox phase and holds no job; the first of each pool is the buddy that keeps the replicas
-of the jobs that ask for them (its name is in the GCS too). A node whose worker died is
-taken over by a standby — it holds the node's jobs' replicas — or else a spare, instead of
-waiting for a new process; a standby used so is replaced in the background.
+sandbox phase and holds no job. A node whose worker died is taken over by a standby, or
+else a spare, instead of waiting for a new process; a standby used so is replaced in the
+background. The standbys' names, in order, are in the GCS, and so is each replicated job's
+buddy (``rollmux.core.replicas``: another held training node or a standby slot), which the
+job's driver resolves to a worker when it copies its trainer or restores it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ray.experimental import internal_kv
 from ray.util.placement_group import PlacementGroup, get_placement_group, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rollmux.core.replicas import Buddy
 from rollmux.core.spec import Pool
 from rollmux.runtime.workers import PoolWorker
 
@@ -61,13 +63,50 @@ def _standby_key(pool: Pool) -> bytes:
     return f"rollmux-standby-{pool.value}".encode()
 
 
-def standby_of(pool: Pool) -> ray.actor.ActorHandle | None:
-    """The standby worker of a pool that keeps the replicas of its jobs (None: it has none)."""
-    name = internal_kv._internal_kv_get(_standby_key(pool), namespace=NAMESPACE)
-    if name is None:
+BUDDY_PREFIX = "rollmux-buddy-"
+
+
+def _buddy_key(job: str) -> bytes:
+    return f"{BUDDY_PREFIX}{job}".encode()
+
+
+def name_buddy(job: str, key: str | None) -> None:
+    """Write where the job keeps its replica (``Buddy.key``), or that it keeps none."""
+    if key is None:
+        internal_kv._internal_kv_del(_buddy_key(job), namespace=NAMESPACE)
+    else:
+        internal_kv._internal_kv_put(_buddy_key(job), key.encode(), overwrite=True, namespace=NAMESPACE)
+
+
+def named_buddies() -> list[str]:
+    """The jobs that have a buddy written in the GCS (a restarted control plane clears the
+    ones it no longer plans)."""
+    keys = internal_kv._internal_kv_list(BUDDY_PREFIX.encode(), namespace=NAMESPACE) or []
+    return [key.decode()[len(BUDDY_PREFIX) :] for key in keys]
+
+
+def buddy_of(job: str) -> ray.actor.ActorHandle | None:
+    """The worker that keeps the job's replica (None: it has no buddy, or that worker is gone)."""
+    key = internal_kv._internal_kv_get(_buddy_key(job), namespace=NAMESPACE)
+    if key is None:
         return None
+    buddy = Buddy.parse(key.decode())
+    if buddy.standby is not None:
+        return standby_worker(Pool.TRAIN, buddy.standby)
+    name = worker_name_of(buddy.node)
+    return _actor(name) if name is not None else None
+
+
+def standby_worker(pool: Pool, slot: int) -> ray.actor.ActorHandle | None:
+    """The pool's ``slot``-th standby worker, as written in the GCS (None: it has fewer)."""
+    names = internal_kv._internal_kv_get(_standby_key(pool), namespace=NAMESPACE)
+    listed = names.decode().split(",") if names else []
+    return _actor(listed[slot]) if slot < len(listed) else None
+
+
+def _actor(name: str) -> ray.actor.ActorHandle | None:
     try:
-        return ray.get_actor(name.decode(), namespace=NAMESPACE)
+        return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         return None
 
@@ -138,11 +177,11 @@ class NodeProvisioner:
     def _take_spare(self, pool: Pool) -> ProvisionedNode | None:
         return self.spares[pool].pop() if self.spares[pool] else None
 
-    def _name_buddy(self, pool: Pool) -> None:
-        """Write which standby keeps the pool's replicas (or that none does)."""
+    def _name_standbys(self, pool: Pool) -> None:
+        """Write the pool's standbys in order: a buddy ``standby:<slot>`` is the slot-th."""
         if self.standbys[pool]:
-            name = self.standbys[pool][0].name.encode()
-            internal_kv._internal_kv_put(_standby_key(pool), name, overwrite=True, namespace=NAMESPACE)
+            names = ",".join(standby.name for standby in self.standbys[pool]).encode()
+            internal_kv._internal_kv_put(_standby_key(pool), names, overwrite=True, namespace=NAMESPACE)
         else:
             internal_kv._internal_kv_del(_standby_key(pool), namespace=NAMESPACE)
 
@@ -190,7 +229,7 @@ class NodeProvisioner:
             for kept, worker in started:
                 kept.append(worker)
             for pool in Pool:
-                self._name_buddy(pool)
+                self._name_standbys(pool)
 
     async def drop_dead_standbys(self) -> int:
         """Give back the standbys that no longer answer (process killed, host lost) and name
@@ -205,7 +244,7 @@ class NodeProvisioner:
                         self.standbys[pool].remove(standby)
                         await asyncio.to_thread(_give_back, standby)
                         dropped += 1
-            self._name_buddy(pool)
+            self._name_standbys(pool)
         return dropped
 
     def short_of_standbys(self) -> bool:
@@ -235,14 +274,13 @@ class NodeProvisioner:
             else:
                 _give_back(found)
         for pool in Pool:
-            self._name_buddy(pool)
+            self._name_standbys(pool)
 
     async def ready(self, node_id: int) -> None:
         """Wait until Ray has reserved the node and its worker answers. A worker that died
-        is replaced: by a standby of its pool if there is one (the buddy first: it holds the
-        replicas of the node's jobs), else a spare, else by a fresh process in the same
-        reservation (cold: its jobs' roles are rebuilt from their checkpoints when they
-        restart)."""
+        is replaced: by a standby of its pool if there is one, else a spare, else by a
+        fresh process in the same reservation (cold). Its jobs' trainers come back from
+        their buddies' copies when they restart, else from their checkpoints."""
         node = self.nodes[node_id]
         await node.group.ready()
         async with self._replacing.setdefault(node_id, asyncio.Lock()):  # one replacement per death
@@ -265,9 +303,9 @@ class NodeProvisioner:
 
     def _standby_takes_over(self, node: ProvisionedNode) -> None:
         """The dead worker's reservation is given back (its unit will hold a new standby)
-        and the buddy standby (else a spare) serves the node from now on."""
+        and the first standby (else a spare) serves the node from now on."""
         standby = self.standbys[node.pool].pop(0) if self.standbys[node.pool] else self.spares[node.pool].pop()
-        self._name_buddy(node.pool)
+        self._name_standbys(node.pool)
         dead_group = node.group
         node.group, node.worker, node.name = standby.group, standby.worker, standby.name
         node.worker.assign.remote(node.node_id)
@@ -300,7 +338,7 @@ class NodeProvisioner:
             for kept in (self.spares[pool], self.standbys[pool]):
                 while kept:
                     _give_back(kept.pop())
-            self._name_buddy(pool)
+            self._name_standbys(pool)
 
 
 def _give_back(node: ProvisionedNode) -> None:

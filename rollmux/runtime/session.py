@@ -8,7 +8,8 @@ the grant's fencing token; leaving puts them back to sleep in host memory and ha
 phase back with what it measured. Processes stay alive throughout.
 
 A job with replicas leaves its training phase in three steps before handing it back: the
-trainer sleeps, a copy of it goes to the pool's buddy standby, and only then do the new
+trainer sleeps, a copy of it goes to its buddy (another worker of the pool, named by the
+control plane from the core's buddy plan), and only then do the new
 weights go to its rollouts. So a rollout never holds weights newer than the trainer's
 newest copy, and a trainer restored from its replica is never behind its rollouts.
 """
@@ -24,8 +25,7 @@ import ray
 
 from rollmux.core.errors import ResidencyExceeded
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.core.spec import Pool
-from rollmux.runtime.nodes import standby_of, worker_of
+from rollmux.runtime.nodes import buddy_of, worker_of
 from rollmux.service.client import Grant, TurnSession
 
 PHASES = (ROLLOUT, TRAIN)
@@ -200,10 +200,13 @@ class Session:
         ray.get([w.deliver.remote(self.job, self.epoch, published) for w in self.workers_of(ROLLOUT)])
 
     def _replicate(self, trainer: Any, token: int, completed: int) -> None:
-        """Copy the sleeping trainer to the pool's buddy, worker to worker. Without a
-        standby to hold it, the last copy (now older than the weights about to be sent) is
-        dropped: a restart then goes back to the checkpoint, never to a stale replica."""
-        buddy = standby_of(Pool.TRAIN)
+        """Copy the sleeping trainer to the job's buddy, worker to worker. Without a buddy
+        (none has room, or it is the trainer's own worker while the job moves), the last
+        copy (now older than the weights about to be sent) is dropped: a restart then goes
+        back to the checkpoint, never to a stale replica."""
+        buddy = buddy_of(self.job)
+        if buddy is not None and buddy._actor_id == trainer._actor_id:
+            buddy = None
         if self._buddy is not None and (buddy is None or buddy._actor_id != self._buddy._actor_id):
             try:
                 ray.get(self._buddy.drop_replicas.remote(self.job))

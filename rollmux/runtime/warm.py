@@ -24,5 +24,5 @@ class WarmOptions:
     """Empty workers kept per pool for the next nodes (each holds a unit of its pool)."""
     standby_workers: int = 0
     """Standby workers kept per pool for nodes whose worker dies (each holds a unit of its
-    pool, has run a sandbox phase and holds no job; new nodes never take them): the first
-    keeps the replicas of the jobs that ask for them."""
+    pool, has run a sandbox phase and holds no job; new nodes never take them). They keep
+    the replicas that no held node of their pool has room for (the core's buddy plan)."""

@@ -5,9 +5,11 @@ when their job is granted the node. Host memory used by sleeping roles is accoun
 node and the residency limit is enforced when a role is loaded.
 
 Replicas: a job that asks for them (``replicas: 1``) leaves a copy of its sleeping trainer
-on a standby worker of the pool after every training phase (its buddy), counted in that
-worker's host memory. When the trainer's node dies, the standby that takes the node over
-already holds the job's state; a restarted job whose role survived keeps it as it is.
+on another worker of the pool after every training phase (its buddy: another held node or
+a standby, as the core's buddy plan names it), counted in that worker's host memory, where
+copies give way to the node's own roles. When the trainer's node dies, the worker that
+takes the node over pulls the copy from the buddy (or holds it already, if it was the
+buddy); a restarted job whose role survived keeps it as it is.
 
 Co-located jobs: a job whose rollout and trainer share a node keeps one copy of its
 weights there, its trainer's. Its rollout is parked by discarding its weights and gets
@@ -83,6 +85,11 @@ class PoolWorker:
         iterations its job had completed when it was taken."""
         self.fence = 0
         self.awake: RoleKey | None = None
+        self.awake_bytes = 0
+        """The awake role's host bytes, counted as it woke: calls that count the node's
+        memory outside the execution lock (a buddy keeping a copy, a weight delivery)
+        never walk the tensors of a role that is computing (a training step changes them
+        under the walk)."""
         self.running = threading.Lock()
         self.accounting = threading.Lock()
 
@@ -130,13 +137,20 @@ class PoolWorker:
         }
 
     def load(
-        self, job: str, phase: str, epoch: int, factory: Callable[[], Role], keep: int | None = None
+        self,
+        job: str,
+        phase: str,
+        epoch: int,
+        factory: Callable[[], Role],
+        keep: int | None = None,
+        buddy: Any = None,
     ) -> dict[str, Any]:
         """Start of a job's ``phase`` role for session ``epoch``, put to sleep in host memory;
         it replaces the roles of an older epoch of the same job. With ``keep`` (a restart of
         a job with replicas: the iterations the control plane counted), the role of its last
-        session is kept where it survived here, else its replica is taken if this worker is
-        its buddy and the replica is that recent; otherwise the role is built (cold: from the
+        session is kept where it survived here, else its replica is taken if that recent:
+        from this worker's memory if it keeps it (a standby that took the node over), else
+        pulled from the job's ``buddy`` worker. Otherwise the role is built (cold: from the
         job's checkpoint). Says where the role came from."""
         self._check_epoch(job, epoch)
         start = time.perf_counter()
@@ -144,6 +158,8 @@ class PoolWorker:
         replica = self.replicas.get((job, phase))
         if role is None and keep is not None and replica is not None and replica[0] >= keep:
             role, source = self.replicas.pop((job, phase))[1], "replica"
+        if role is None and keep is not None and buddy is not None:
+            role, source = _pulled(buddy, job, phase, keep), "buddy"
         if role is None:
             role, source = factory(), "built"
             _sleep(role, "offload")  # a discarded role would have no weights to start from
@@ -157,7 +173,8 @@ class PoolWorker:
             role = self.roles.get((job, phase))
             if role is not None and self.awake == (job, phase):
                 self._park((job, phase))
-                self.awake = None
+                with self.accounting:
+                    self.awake = None
             return role
 
     def replica(self, job: str, phase: str, epoch: int, token: int) -> PortableRole:
@@ -187,11 +204,23 @@ class PoolWorker:
                 raise StaleWeights(f"node {self.node_id}: {job}'s replica of {completed} iterations, holds {held[0]}")
             self.replicas[(job, phase)] = (completed, role)
             try:
-                self._check_residency(f"keeping {job}'s {phase} replica")
+                self._check_residency(f"keeping {job}'s {phase} replica", evict=False)
             except ResidencyExceeded:
                 del self.replicas[(job, phase)]
                 raise
         return _host_bytes(role)
+
+    def replica_copy(self, job: str, phase: str, at_least: int) -> PortableRole | None:
+        """A copy of the job's replica kept here, if it was taken after ``at_least``
+        iterations (None otherwise): for the worker that now serves the job's dead node.
+        The replica stays: this worker is still the job's buddy."""
+        with self.accounting:
+            held = self.replicas.get((job, phase))
+            if held is None or held[0] < at_least:
+                return None
+            from rollmux.runtime.state import PortableRole  # torch: not in the control plane
+
+            return PortableRole(held[1])
 
     def drop_replicas(self, job: str) -> None:
         with self.accounting:
@@ -268,9 +297,10 @@ class PoolWorker:
         if self.awake is not None and self.awake != key and self.awake in self.roles:
             seconds += self._park(self.awake)
         role = self._role(key)
-        self._check_residency(f"waking {job}'s {phase} role")
+        with self.accounting:
+            self._check_residency(f"waking {job}'s {phase} role")
+            self.awake_bytes, self.awake = self._resident_bytes(key, role), key
         seconds += _wake(role)
-        self.awake = key
         if phase == ROLLOUT:
             seconds += self._refill(job, role)
         return seconds
@@ -317,8 +347,11 @@ class PoolWorker:
         """Put the grant holder's role back to sleep, with the node's execution lock held."""
         self._check_holder(job, phase, epoch, token)
         self._role((job, phase))  # a role unloaded meanwhile: refused before the node is marked asleep
-        self.awake = None
-        return self._park((job, phase))
+        try:
+            return self._park((job, phase))  # still marked awake: counted as it woke while it changes
+        finally:
+            with self.accounting:
+                self.awake = None
 
     def deliver(self, job: str, epoch: int, published: tuple[int, dict]) -> int:
         """Receive a job's new weights (version, tensors) for its rollout role; they are
@@ -424,17 +457,35 @@ class PoolWorker:
         """Every byte the node's jobs keep in its host memory: each role's host copy (the
         optimizer's state included once it exists), replicas it keeps as a buddy, and
         weights delivered but not applied yet."""
-        roles = sum(self._resident_bytes(key, role) for key, role in self.roles.items())
+        awake = self.awake
+        roles = sum(
+            self.awake_bytes if key == awake else self._resident_bytes(key, role) for key, role in self.roles.items()
+        )
         replicas = sum(_host_bytes(role) for _, role in self.replicas.values())
         return roles + replicas + sum(payload_bytes(w) for _, w in self.pending_weights.values())
 
-    def _check_residency(self, doing: str) -> None:
+    def _check_residency(self, doing: str, evict: bool = True) -> None:
         used = self.host_bytes()
+        if evict and used > self.host_limit_bytes:
+            used -= self._yield_replicas(used - self.host_limit_bytes)
         if used > self.host_limit_bytes:
             raise ResidencyExceeded(
                 f"node {self.node_id} ({self.pool}): {doing} would hold {used / 2**20:.1f} MiB of host memory, "
                 f"over its {self.host_limit_bytes / 2**20:.1f} MiB"
             )
+
+    def _yield_replicas(self, over: int, first: str | None = None) -> int:
+        """Replicas give way to the roles of the node's own jobs, as in the core's buddy
+        plan (copies only take the room placement leaves): drop copies, ``first``'s own
+        (useless beside its role) then the largest, until ``over`` bytes are free. Their
+        jobs copy to their buddy again after their next training phase. Returns the bytes
+        freed."""
+        freed = 0
+        for key in sorted(self.replicas, key=lambda k: (k[0] != first, -_host_bytes(self.replicas[k][1]))):
+            if freed >= over:
+                break
+            freed += _host_bytes(self.replicas.pop(key)[1])
+        return freed
 
     def _seat(self, job: str, phase: str, epoch: int, role: Role, pending: tuple[int, dict] | None) -> None:
         """Keep a sleeping role here if the node's host memory has room for it (a rollout
@@ -447,10 +498,16 @@ class PoolWorker:
             after = {**self.roles, (job, phase): role}
             needed = self._resident_bytes((job, phase), role, after)
             used = (
-                sum(self._resident_bytes(k, r, after) for k, r in after.items() if k != (job, phase))
+                sum(
+                    self.awake_bytes if k == self.awake else self._resident_bytes(k, r, after)
+                    for k, r in after.items()
+                    if k != (job, phase)
+                )
                 + sum(_host_bytes(r) for _, r in self.replicas.values())
                 + sum(payload_bytes(weights) for j, (_, weights) in self.pending_weights.items() if j != job)
             )
+            if used + needed > self.host_limit_bytes:
+                used -= self._yield_replicas(used + needed - self.host_limit_bytes, first=job)
             if used + needed > self.host_limit_bytes:
                 raise ResidencyExceeded(
                     f"node {self.node_id} ({self.pool}): {job} needs {needed / 2**20:.1f} MiB of host memory, "
@@ -482,6 +539,15 @@ class PoolWorker:
         if key not in self.roles:
             raise KeyError(f"job {key[0]} has no {key[1]} role on node {self.node_id}")
         return self.roles[key]
+
+
+def _pulled(buddy: Any, job: str, phase: str, at_least: int) -> Any:
+    """The job's replica pulled from its buddy, worker to worker through Ray's object store
+    (None: the buddy keeps none that recent, or it died with its copies)."""
+    try:
+        return ray.get(buddy.replica_copy.remote(job, phase, at_least))
+    except ray.exceptions.RayActorError:
+        return None
 
 
 def payload_bytes(weights: Any) -> int:

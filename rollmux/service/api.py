@@ -67,6 +67,10 @@ class JobView(BaseModel):
     cost_usd: float
     submitted_at: float
     ended_at: float | None
+    buddy: str | None = Field(
+        default=None,
+        description="where a job with replicas keeps its trainer's copy: node:<id> or standby:<slot> (null: no room)",
+    )
 
 
 class JobList(BaseModel):
@@ -138,7 +142,7 @@ class EpochBody(_Body):
 
 class ActivateBody(EpochBody):
     iteration: int | None = Field(default=None, ge=0, le=10**9, description="resume here (its last checkpoint)")
-    restored: Literal["checkpoint", "kept", "replica"] | None = Field(
+    restored: Literal["checkpoint", "kept", "replica", "buddy"] | None = Field(
         default=None, description="where its trainer's state came from (shown in the job's events)"
     )
 

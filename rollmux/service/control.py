@@ -45,6 +45,7 @@ from rollmux.core.control import (
 from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
+from rollmux.core.replicas import plan_buddies
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
 from rollmux.inputs.runfile import JobSubmission
@@ -66,6 +67,11 @@ class Executor(Protocol):
 
     async def sync_nodes(self, nodes: dict[int, Pool]) -> None:
         """Provision the nodes not provisioned yet, release those no longer held."""
+        ...
+
+    async def name_buddies(self, buddies: dict[str, str]) -> None:
+        """Tell the jobs with replicas where to keep them: job → ``Buddy.key`` (a job left
+        out keeps none)."""
         ...
 
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
@@ -104,6 +110,9 @@ class NoExecutor:
         return None
 
     async def sync_nodes(self, nodes: dict[int, Pool]) -> None:
+        return None
+
+    async def name_buddies(self, buddies: dict[str, str]) -> None:
         return None
 
     async def wait_nodes(self, nodes: tuple[int, ...]) -> None:
@@ -179,6 +188,9 @@ class ControlPlane:
         self.journal = Journal(store, self._fail_stop)
         self.waiters: dict[str, asyncio.Event] = {}
         self.last_metrics: dict[str, dict[str, float]] = {}
+        self.buddies: dict[str, str] = {}
+        """Where each job with replicas keeps its trainer's copy (``Buddy.key``), as last
+        written for the workers."""
         self.launched: dict[str, int] = {}
         self.accepted = 0
         self.ready = False
@@ -400,6 +412,8 @@ class ControlPlane:
         if job.name in self.state.cluster.job_group:
             view["slowdown"] = self.state.cluster.group_of(job.name).slowdowns().get(job.name)
         view["phase"] = job.grant.phase if job.grant else None
+        if job.program.get("replicas"):
+            view["buddy"] = self.buddies.get(job.name)
         view["metrics"] = self.last_metrics.get(job.name)
         view["cost_usd"] = self.state.cost_so_far(job, self.clock())
         return view
@@ -777,6 +791,15 @@ class ControlPlane:
         async with self._syncing:
             held = {**self._warming, **self.state.draining(), **self.state.cluster.node_pool}
             await self.executor.sync_nodes(held)
+            self.buddies = self._buddies()
+            await self.executor.name_buddies(self.buddies)
+
+    def _buddies(self) -> dict[str, str]:
+        """Where each job with replicas keeps its trainer's copy: the core's buddy plan
+        (the simulator charges failures with the same one)."""
+        replicated = [name for name, job in self.state.jobs.items() if job.program.get("replicas")]
+        plan = plan_buddies(self.state.cluster, replicated, self.state.capacity.standby)
+        return {job: buddy.key for job, buddy in plan.buddies.items()}
 
     def roles_at(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The rollout and training nodes the job's roles are on: its old seat while it is
