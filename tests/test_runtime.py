@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -336,25 +337,24 @@ def test_phase_decorator_form_needs_a_session_too():
         step()
 
 
-def test_a_standby_that_dies_is_replaced_and_the_new_one_becomes_the_buddy(local_ray):
+def test_a_standby_that_dies_is_replaced_and_named_in_its_place(local_ray):
     executor = RayExecutor(2**30, warm=WarmOptions(standby_workers=1))
 
-    async def kill_the_buddy_and_wait_for_another() -> tuple[str, str]:
-        await executor.warm_up()
-        first = executor.nodes.standbys[Pool.TRAIN][0]
-        ray.kill(first.worker)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-            now = executor.nodes.standbys[Pool.TRAIN]
-            if now and now[0].name != first.name:
-                return first.name, now[0].name
-        raise TimeoutError("the dead standby was not replaced")
+    async def kill_the_first_and_wait_for_another() -> tuple[str, str, Any, Any, Any]:
+        try:
+            await executor.warm_up()
+            first = executor.nodes.standbys[Pool.TRAIN][0]
+            ray.kill(first.worker)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                now = executor.nodes.standbys[Pool.TRAIN]
+                if now and now[0].name != first.name:
+                    named = await asyncio.to_thread(standby_worker, Pool.TRAIN, 0)
+                    return first.name, now[0].name, named, now[0].worker, (await named.where.remote())["node_id"]
+            raise TimeoutError("the dead standby was not replaced")
+        finally:
+            await executor.close()  # its watch and refill end on this loop
 
-    try:
-        dead, new = asyncio.run(kill_the_buddy_and_wait_for_another())
-        buddy = standby_worker(Pool.TRAIN, 0)
-        assert dead != new and buddy is not None and ray.get(buddy.where.remote())["node_id"] is None
-        assert buddy._actor_id == executor.nodes.standbys[Pool.TRAIN][0].worker._actor_id
-    finally:
-        asyncio.run(executor.close())
+    dead, new, named, kept, serving = asyncio.run(kill_the_first_and_wait_for_another())
+    assert dead != new and named is not None and named._actor_id == kept._actor_id and serving is None

@@ -20,7 +20,15 @@ from rollmux.core.control import Capacity
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import Pool
 from rollmux.runtime.driver import HOST_PREFIX, start_host
-from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE, NodeProvisioner, name_buddy, named_buddies, worker_of
+from rollmux.runtime.nodes import (
+    NAMESPACE,
+    POOL_RESOURCE,
+    STANDBY_PATIENCE_S,
+    NodeProvisioner,
+    name_buddy,
+    named_buddies,
+    worker_of,
+)
 from rollmux.runtime.warm import WarmOptions
 from rollmux.service.failpoints import failpoint
 
@@ -249,10 +257,16 @@ class RayExecutor:
 
     async def close(self) -> None:
         """Give everything back: driver processes stopped, nodes released (jobs resume at the
-        next start). Direct calls: at shutdown the thread pool may already be gone."""
-        for task in (self._refill, self._watch):
-            if task is not None:
-                task.cancel()
+        next start). Direct calls: at shutdown the thread pool may already be gone. The
+        background tasks (standby watch and refill) are cancelled, and waited for a moment
+        when they run on this loop, so the loop's own shutdown finds them ended."""
+        background = [task for task in (self._refill, self._watch) if task is not None]
+        for task in background:
+            task.cancel()
+        here = [task for task in background if task.get_loop() is asyncio.get_running_loop()]
+        if here:
+            await asyncio.wait(here, timeout=STANDBY_PATIENCE_S)
+        self._refill = self._watch = None
         for host in self.hosts.values():
             ray.kill(host.handle)
         self.hosts.clear()
