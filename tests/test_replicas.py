@@ -12,23 +12,10 @@ from hypothesis import strategies as st
 from rollmux.core.cluster import Cluster
 from rollmux.core.placement import ColocatedPolicy, RandomPolicy, RollMuxPolicy, SoloPolicy, place
 from rollmux.core.replicas import Buddy, BuddyPlan, plan_buddies
-from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
+from rollmux.core.spec import CostModel, Pool
+from tests.test_placement import job
 
 TOLERANCE = 1e-6
-
-
-def job(name: str, rollout: float, train: float, slo: float = 1.5, width: int = 1, mem: float = 100.0) -> JobSpec:
-    return JobSpec(
-        name=name,
-        rollout=PhaseTime.fixed(rollout),
-        train=PhaseTime.fixed(train),
-        slo=slo,
-        rollout_width=width,
-        train_width=width,
-        rollout_mem_gb=mem,
-        train_mem_gb=mem,
-        colocated=(PhaseTime.fixed(rollout * 1.1), PhaseTime.fixed(train)),
-    )
 
 
 POLICIES = {
