@@ -252,13 +252,21 @@ def test_a_buddy_hands_out_copies_of_its_replica_no_older_than_asked_and_keeps_i
     assert copy.history == worker.progress("a", "train", 1) and ("a", "train") in buddy.replicas
 
 
-def test_a_trainer_killed_without_a_standby_comes_back_from_its_buddy_on_another_training_node(tmp_path):
-    """Two jobs that cannot share a trainer (SLO 1) hold a training node each, and each job's buddy
-    is the other's node. One trainer's worker is killed mid-step with no standby and no
-    checkpoint since the start: a fresh worker pulls the copy from the other node, and the
-    job resumes at the killed step."""
-    killed_step = 25  # each trainer's worker runs one job's steps
-    service = serve(tmp_path, "call:train", killed_step, standby=0)
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        pytest.param("call:train", id="in-a-step"),
+        pytest.param("replica:keep", id="while-keeping-the-other-jobs-copy", marks=pytest.mark.slow),
+    ],
+)
+def test_a_trainer_killed_without_a_standby_comes_back_from_its_buddy_on_another_training_node(tmp_path, failpoint):
+    """Two jobs that cannot share a trainer (SLO 1) hold a training node each, and each
+    job's buddy is the other's node. One training worker is killed with no standby and no
+    checkpoint since the start — in a step, or while it receives the other job's copy (that
+    job then goes on without one): a fresh worker pulls the killed node's job's copy from
+    the other node, and that job resumes where it was killed."""
+    killed_step = 25  # each trainer's worker runs one job's steps and keeps the other's copies
+    service = serve(tmp_path, failpoint, killed_step, standby=0)
     try:
         api = Client(service.url, service.token)
         alone = {"slo": 1.0, "rollout_s": 0.1, "train_s": 1.0}  # two trainers on one node would be 2x slower
@@ -269,9 +277,17 @@ def test_a_trainer_killed_without_a_standby_comes_back_from_its_buddy_on_another
         views = wait_until(lambda: all_ended(api), timeout_s=300)
         assert {v["state"] for v in views.values()} == {"done"}, views
         (restarted,) = [name for name, view in views.items() if view["restarts"] == 1]
-        running = [e for e in api.request("GET", f"/v1/jobs/{restarted}/events") if e["kind"] == "running"]
+        events = api.request("GET", f"/v1/jobs/{restarted}/events")
+        running = [e for e in events if e["kind"] == "running"]
         assert "(trainer: buddy)" in running[-1]["detail"], running
-        assert resumed_at(api, restarted) >= killed_step - 1
+        lost_at = min(e["at"] for e in events if e["kind"] == "lost")
+        log = api.phase_log()
+        trained = [
+            e["iteration"]
+            for e in log
+            if e["job"] == restarted and e["phase"] == "train" and e["outcome"] != "revoked" and e["ended_at"] < lost_at
+        ]
+        assert resumed_at(api, restarted) == max(trained) + 1  # every step it had trained was kept
         as_if_alone(api)
         no_node_runs_two_jobs(api.phase_log())
     finally:

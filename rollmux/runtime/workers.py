@@ -198,6 +198,7 @@ class PoolWorker:
         """Keep a copy of the job's sleeping role, taken after ``completed`` iterations, in
         place of any older one; refused (and the older one dropped too, so a restart never
         takes a replica older than the job's other roles) when host memory has no room."""
+        failpoint("replica:keep")
         with self.accounting:
             held = self.replicas.get((job, phase))
             if held is not None and held[0] > completed:
