@@ -90,7 +90,8 @@ class RayExecutor:
         self._keep_standbys()
 
     async def name_buddies(self, buddies: dict[str, str]) -> None:
-        await asyncio.to_thread(self._write_buddies, buddies)
+        if buddies != self._buddies:  # most node syncs change no buddy: no thread, no GCS call
+            await asyncio.to_thread(self._write_buddies, buddies)
 
     def _write_buddies(self, buddies: dict[str, str]) -> None:
         """Write the buddies that changed, and clear those of jobs that keep no copy now
