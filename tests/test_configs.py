@@ -117,6 +117,19 @@ def test_optimum_with_colocation_equals_the_oracle(drawn):
     assert optimum(jobs, COST, Planning.P95, colocate=True).cost_per_hour == pytest.approx(oracle(jobs, colocate=True))
 
 
+@settings(max_examples=25, deadline=None)
+@given(colocatable((20, 400), (20, 400), (1.0, 2.0), (0.6, 2.0), (1, 4)), st.floats(0.5, 1.5))
+def test_a_search_below_a_price_finds_the_cheapest_or_says_none_is_below(drawn, fraction):
+    jobs = [job(i, r, t, s, colo=c) for i, (r, t, s, c) in enumerate(drawn)]
+    full = cheapest_config(jobs, COST, Planning.P95, colocate=True)
+    below = (full.cost_per_hour if full else 1000.0) * fraction
+    capped = cheapest_config(jobs, COST, Planning.P95, colocate=True, below=below)
+    if full is None or full.cost_per_hour >= below:
+        assert capped is None
+    else:
+        assert capped is not None and capped.cost_per_hour == full.cost_per_hour
+
+
 def test_two_trainers_share_one_rollout_node():
     # Issue 12: period 350 s within the 420 s budget on 1 rollout + 2 training nodes.
     jobs = [job(0, 50, 300, 1.2), job(1, 50, 300, 1.2)]
@@ -200,6 +213,13 @@ def test_a_move_never_pushes_a_job_past_its_slo_over_its_lifetime():
     slack = {"j0": JobProgress(1000.0, 1000.0), "j3": JobProgress(1000.0, 1000.0)}
     plan = plan_regroup(lonely_pair(), RegroupConfig(), RegroupState(), slack)
     assert plan is not None and {j.name for j in plan.moved} == {"j0", "j3"}
+
+
+def test_a_set_that_would_break_a_lifetime_slo_is_never_searched():
+    tight = {"j0": JobProgress(1000.0, 1000.0 / 1.4), "j3": JobProgress(1000.0, 1000.0 / 1.4)}
+    state = RegroupState()
+    plan_regroup(lonely_pair(), RegroupConfig(), state, tight)
+    assert state.misses == 0 and not state.configs
 
 
 def test_a_wide_job_pauses_for_its_fullest_node_not_its_whole_state():

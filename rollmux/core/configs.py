@@ -136,11 +136,15 @@ def cheapest_config(
     planning: Planning,
     colocate: bool = False,
     checks: Checks | None = None,
+    below: float = math.inf,
 ) -> Config | None:
     """The cheapest feasible connected configuration of exactly these jobs, or None.
 
     Feasible: every member's steady-state period within its SLO budget, every node's
     resident state within its usable host memory. ``checks`` caps the exact checks run.
+    ``below``: only a configuration priced below it is wanted (regrouping has no use for
+    a dearer one), so the search stops at that price; the one it returns is still the
+    cheapest of all, and None then says only that none is priced below ``below``.
     """
     items = [_Job.of(j, planning) for j in jobs]
     budget = min(j.period_budget for j in jobs) * (1 + _TOL)
@@ -157,7 +161,7 @@ def cheapest_config(
     for floor, rank, colocated in sorted(candidates):
         if best is not None and floor > best.cost_per_hour + _TOL:
             break
-        ceiling = _ceiling(best, rank < best_rank)
+        ceiling = _ceiling(best, rank < best_rank) if best is not None else below
         if floor >= ceiling:
             continue
         found = _cheapest_with(items, frozenset(colocated), cost, planning, budget, ceiling, checks)
@@ -175,11 +179,9 @@ def _colocated_choices(n: int, colocate: bool) -> Iterator[tuple[int, ...]]:
         yield from itertools.combinations(range(n), k)
 
 
-def _ceiling(best: Config | None, earlier: bool) -> float:
+def _ceiling(best: Config, earlier: bool) -> float:
     """The price a configuration must stay below to replace ``best``: an equal price
     wins only for a choice enumerated earlier, so ties resolve as in enumeration order."""
-    if best is None:
-        return float("inf")
     return best.cost_per_hour + (_TOL if earlier else -_TOL)
 
 
@@ -191,9 +193,7 @@ def _price_floors(
     the widest job, the work and the resident state over what one node holds, and
     ``ceil(m / k)`` nodes for the ``m`` phase-widths longer than ``budget / (k + 1)`` (a
     node within the budget runs at most ``k`` of them per period). All choices at once."""
-    colocated = np.zeros((len(choices), len(items)), dtype=bool)
-    for row, choice in enumerate(choices):
-        colocated[row, list(choice)] = True
+    colocated = _choice_masks(tuple(choices), len(items))
     disagg = ~colocated
     chain = np.where(colocated, [it.colo_s for it in items], [it.rollout_s + it.train_s for it in items])
     specs = [it.spec for it in items]
@@ -202,6 +202,16 @@ def _price_floors(
     train = _least_nodes(np.ones_like(colocated), train_load, specs, Pool.TRAIN, cost, budget)
     floors = rollout * cost.price(Pool.ROLLOUT) + train * cost.price(Pool.TRAIN)
     return np.where((chain > budget).any(axis=1), np.inf, floors)
+
+
+@functools.lru_cache(maxsize=64)
+def _choice_masks(choices: tuple[tuple[int, ...], ...], n: int) -> np.ndarray:
+    """The choices of co-located jobs as a read-only mask per row (the same few recur)."""
+    masks = np.zeros((len(choices), n), dtype=bool)
+    for row, choice in enumerate(choices):
+        masks[row, list(choice)] = True
+    masks.flags.writeable = False
+    return masks
 
 
 def _least_nodes(
