@@ -219,7 +219,7 @@ def test_a_set_that_would_break_a_lifetime_slo_is_never_searched():
     tight = {"j0": JobProgress(1000.0, 1000.0 / 1.4), "j3": JobProgress(1000.0, 1000.0 / 1.4)}
     state = RegroupState()
     plan_regroup(lonely_pair(), RegroupConfig(), state, tight)
-    assert state.misses == 0 and not state.configs
+    assert state.misses == 0 and not state.configs and not state.floors
 
 
 def test_a_wide_job_pauses_for_its_fullest_node_not_its_whole_state():

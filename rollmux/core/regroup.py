@@ -15,8 +15,9 @@ reduced cost (every pair, and every column grown by one job), and only those are
 exactly, at most ``evaluations`` exact searches per event (cache misses, counted, so the
 work per event is bounded and deterministic). A search stops at the price at which the
 set would no longer improve the master (its reduced cost, or the price of keeping it),
-and a set whose move would break a job's lifetime SLO is not searched at all. The MILP is capped at ``milp_nodes``
-branch-and-bound nodes with its incumbent kept; keeping every group is always feasible.
+and a set whose move would break a job's lifetime SLO is not searched at all. The MILP
+is capped at ``milp_nodes`` branch-and-bound nodes with its incumbent kept; keeping
+every group is always feasible.
 
 Moving a job costs ``pause_s`` plus ``s_per_gb`` per GB of the largest resident state one
 of its nodes holds (every node hands its state to its successor at once, as the runtime's
@@ -137,6 +138,7 @@ class RegroupState:
         self.checks.left = left - (config.checks_per_config - (mine.left or 0))
         if found is not None or math.isinf(below):
             self.configs[key] = found
+            self.floors.pop(key, None)
         else:
             self.floors[key] = below
         return found
