@@ -13,6 +13,7 @@ import time
 import pytest
 
 from rollmux.service.client import Client
+from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
 from tests.service_process import ServiceProcess
 
 LEASE_S = 3.0
@@ -114,6 +115,31 @@ def test_a_killed_driver_holding_a_grant_loses_it_within_its_lease_and_resumes(s
     assert resumed_at in ({step, step + 1} if phase == "train" else {step})
     assert losses(api, "a") == losses(api, "ref") and len(losses(api, "a")) == ITERATIONS
     no_node_runs_two_jobs(log)
+
+
+def test_a_driver_killed_between_its_checkpoint_and_its_report_still_reports_that_step(tmp_path, monkeypatch):
+    # The report of a step goes with the training phase's hand-back, after the checkpoint:
+    # the first driver to have checkpointed its third step dies before handing it back.
+    monkeypatch.setenv(VARIABLE, "checkpoint:written")
+    monkeypatch.setenv(ONCE_VARIABLE, str(tmp_path / "killed"))
+    monkeypatch.setenv(SKIP_VARIABLE, "2")
+    extra = ("--rollout-nodes", "1", "--train-nodes", "1", "--lease-s", str(LEASE_S), "--no-regroup", "--no-slo-guard")
+    service = ServiceProcess(tmp_path / "state", extra=extra).start(timeout_s=120)
+    try:
+        api = Client(service.url, service.token)
+        submit_group(api)
+        views = wait_until(lambda: all_ended(api))
+        assert {v["state"] for v in views.values()} == {"done"}
+        assert sorted(v["restarts"] for v in views.values()) == [0, 0, 1]
+        killed = next(name for name, v in views.items() if v["restarts"] == 1)
+        resumed = [e for e in api.request("GET", f"/v1/jobs/{killed}/events") if e["kind"] == "running"][-1]
+        assert "from iteration 3" in resumed["detail"]  # the step it checkpointed is not redone
+        for name in ("a", "b", "ref"):
+            reported = [m["iteration"] for m in api.request("GET", f"/v1/jobs/{name}/metrics")]
+            assert reported == list(range(ITERATIONS)), name
+        assert losses(api, "a") == losses(api, "ref")
+    finally:
+        service.stop()
 
 
 def test_a_killed_control_plane_restarts_every_job_where_it_was(service):

@@ -38,6 +38,7 @@ from rollmux.core.errors import StaleWeights, WeightsDiscarded
 from rollmux.runtime.session import phase
 from rollmux.runtime.state import RoleState, SleepMode, read_checkpoint
 from rollmux.runtime.weights import PackedWeights, Publisher, load_packed
+from rollmux.service.failpoints import failpoint
 
 if TYPE_CHECKING:
     from rollmux.runtime.session import Session
@@ -208,6 +209,7 @@ class OnPolicyLoop:
         if widest > 1 and not self.wide:
             raise ValueError(f"{type(self).__name__} runs on one node per phase; the job asks for {widest}")
         history = self.completed() if session.restored is None else self._restored(session)
+        self._report_unreported(session, history)
         for iteration in range(len(history), self.iterations):
             with phase("rollout"):
                 parts = session.call_all("rollout", "generate", iteration)
@@ -215,24 +217,31 @@ class OnPolicyLoop:
             with phase("train"):
                 result = session.call_all("train", "train", batch)[0]  # every rank returns the same
                 session.sync_weights(session.call("train", "weights"))
-                # Reported before the checkpoint: a crash in between redoes the iteration
-                # and reports the same metrics again, so no iteration goes unreported.
+                # The report goes with the phase's release, after the checkpoint: a crash in
+                # between leaves the iteration checkpointed but unreported, and the next
+                # session reports it from the checkpoint's history.
                 history.append(session.report(session.fetch(result), iteration))
                 due = (iteration + 1) % self.checkpoint_every == 0 or iteration + 1 == self.iterations
                 if self.checkpoint and due:
                     session.call("train", "checkpoint", self.checkpoint)
+                    failpoint("checkpoint:written")
         return history
 
     @staticmethod
     def _restored(session: Session) -> list[dict[str, float]]:
         """Resume from a trainer that survived or came from its replica: the rollouts get
-        its weights, and the iterations it trained that the control plane has no report of
-        (the copy is taken before the hand-back) are reported now."""
+        its weights first."""
         history = list(session.restored or [])
         session.level_rollouts()
+        return history
+
+    @staticmethod
+    def _report_unreported(session: Session, history: list[dict[str, float]]) -> None:
+        """Report the iterations the job resumes after that the control plane has no
+        report of: a replica or a checkpoint is taken before the phase's hand-back, which
+        carries the report, so a crash in between loses the report but not the step."""
         for iteration in range(session.turns.info["iteration"], len(history)):
             session.report(history[iteration], iteration)
-        return history
 
     def completed(self) -> list[dict[str, float]]:
         """Metrics of the iterations a previous run of this job checkpointed."""
