@@ -261,3 +261,23 @@ def test_regrouping_work_per_event_is_capped_and_deterministic():
         return cluster.cost_per_hour(), state.misses
 
     assert run() == run()
+
+
+def test_a_long_lived_regrouping_state_forgets_departed_jobs_and_plans_the_same():
+    def run(sweep_at: int) -> tuple[list[float], int]:
+        cluster, state = Cluster(), RegroupState(sweep_at=sweep_at)
+        costs, largest = [], 0
+        for i in range(120):
+            place(cluster, RollMuxPolicy(), job(i, 60 + 7 * (i % 11), 40 + 13 * (i % 7), 1.2 + 0.05 * (i % 6)))
+            if i >= 8:
+                cluster.remove(f"j{i - 8}")
+            plan = plan_regroup(cluster, RegroupConfig(), state)
+            if plan:
+                apply_regroup(cluster, plan)
+            costs.append(cluster.cost_per_hour())
+            largest = max(largest, len(state.configs) + len(state.floors))
+        return costs, largest
+
+    swept, kept = run(sweep_at=64), run(sweep_at=10**9)
+    assert swept[0] == kept[0]
+    assert swept[1] < kept[1] / 3

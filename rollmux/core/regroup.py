@@ -52,6 +52,8 @@ BROKEN_PENALTY = 1e6
 whenever any column can host its jobs (its jobs move even if the pause costs slack)."""
 SEEDS = 24
 """Columns grown by one job per pricing round (those of least reduced cost)."""
+SWEEP_AT = 4096
+"""Cached sets a regrouping state holds before it first forgets those of departed jobs."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,19 @@ class RegroupState:
     misses: int = 0
     checks: Checks = field(default_factory=Checks)
     """Exact round-robin checks left in this event (set by every call)."""
+    sweep_at: int = SWEEP_AT
+    """Cached sets at which :meth:`forget_departed` next sweeps."""
+
+    def forget_departed(self, running: set[JobSpec]) -> None:
+        """Drop what was learnt about sets with a job no longer running: nobody asks about
+        them again, and a control plane that runs for months would otherwise keep every set
+        it ever priced. Swept only once the cache is twice what the last sweep kept (or
+        ``sweep_at``), so sweeping costs O(1) per cached set, amortised."""
+        if len(self.configs) + len(self.floors) < self.sweep_at:
+            return
+        self.configs = {key: found for key, found in self.configs.items() if key <= running}
+        self.floors = {key: price for key, price in self.floors.items() if key <= running}
+        self.sweep_at = max(self.sweep_at, 2 * (len(self.configs) + len(self.floors)))
 
     def cheapest(
         self, cluster: Cluster, jobs: Sequence[JobSpec], config: RegroupConfig, below: float = math.inf
@@ -360,6 +375,7 @@ def plan_regroup(
     """
     state = cache if cache is not None else RegroupState()
     groups = list(cluster.groups.values())
+    state.forget_departed({m.job for g in groups for m in g.members})
     now = {_names(g) for g in groups}
     touched = [g for g in groups if _names(g) not in state.previous or _names(g) in state.pending or _breaks_slo(g)]
     state.previous = now
