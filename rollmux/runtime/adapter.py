@@ -209,7 +209,7 @@ class OnPolicyLoop:
         if widest > 1 and not self.wide:
             raise ValueError(f"{type(self).__name__} runs on one node per phase; the job asks for {widest}")
         history = self.completed() if session.restored is None else self._restored(session)
-        self._report_unreported(session, history)
+        session.report_missing(history)
         for iteration in range(len(history), self.iterations):
             with phase("rollout"):
                 parts = session.call_all("rollout", "generate", iteration)
@@ -234,14 +234,6 @@ class OnPolicyLoop:
         history = list(session.restored or [])
         session.level_rollouts()
         return history
-
-    @staticmethod
-    def _report_unreported(session: Session, history: list[dict[str, float]]) -> None:
-        """Report the iterations the job resumes after that the control plane has no
-        report of: a replica or a checkpoint is taken before the phase's hand-back, which
-        carries the report, so a crash in between loses the report but not the step."""
-        for iteration in range(session.turns.info["iteration"], len(history)):
-            session.report(history[iteration], iteration)
 
     def completed(self) -> list[dict[str, float]]:
         """Metrics of the iterations a previous run of this job checkpointed."""

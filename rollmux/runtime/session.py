@@ -236,13 +236,23 @@ class Session:
 
     def report(self, metrics: dict[str, float], iteration: int | None = None) -> dict[str, float]:
         """Tell the control plane how the job is doing (default: the iteration just trained);
-        returns the metrics stamped with the seconds since the session began."""
+        returns the metrics stamped with the seconds since the session began. Inside a
+        phase it is sent with the phase's release, so a crash before that release loses it:
+        a job that resumes calls :meth:`report_missing` with what it resumes after."""
         stamped = {"elapsed_s": time.time() - self.began, **metrics}
         if self.grant is not None:
             self._report = (stamped, iteration)  # sent with the phase's release: no round trip of its own
         else:
             self.turns.report(stamped, iteration)
         return stamped
+
+    def report_missing(self, history: list[dict[str, float]]) -> None:
+        """Report the iterations of ``history`` (one metrics dict per iteration, as a
+        checkpoint or a restored trainer keeps them) that the control plane has not counted:
+        they were checkpointed or copied in a phase whose release, carrying the report, a
+        crash prevented."""
+        for iteration in range(self.turns.info["iteration"], len(history)):
+            self.report(history[iteration], iteration)
 
 
 class _OneCall:
