@@ -252,7 +252,8 @@ class Session:
         they were checkpointed or copied in a phase whose release, carrying the report, a
         crash prevented."""
         for iteration in range(self.turns.info["iteration"], len(history)):
-            self.report(history[iteration], iteration)
+            # Sent now, even inside a phase: its release carries one report only.
+            self.turns.report({"elapsed_s": time.time() - self.began, **history[iteration]}, iteration)
 
 
 class _OneCall:
