@@ -28,7 +28,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from rollmux.core.cluster import Member
+from rollmux.core.cluster import MAX_GROUP_JOBS, Member
+from rollmux.core.errors import ProblemTooLarge
 from rollmux.core.roundrobin import lower_bounds, steady_state
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
 
@@ -72,20 +73,39 @@ def with_colocated_times(job: JobSpec) -> JobSpec:
 
 @dataclass
 class Checks:
-    """A count of exact round-robin checks a search may still run (None: unbounded).
+    """The work a search may still do (None: unbounded): ``left`` exact round-robin
+    checks, and ``steps`` of enumeration (every pair of partitions and every seating it
+    considers, checked or not). Steps bound what checks alone do not: with loose SLOs and
+    small states nearly every pairing fits, and a search of seven jobs could consider
+    millions of seatings before its first check.
 
     Regrouping bounds its work per event with it, deterministically: a search that runs
-    out answers None (no configuration found), which only forgoes a saving.
+    out sets ``ran_out`` and answers the cheapest configuration it found before (None if
+    none), which only forgoes a saving; the bound prices such a set at its floor instead.
     """
 
     left: int | None = None
+    steps: int | None = None
+    ran_out: bool = False
 
     def take(self) -> bool:
+        """Spend one exact check, if any is left."""
         if self.left is None:
             return True
         if self.left <= 0:
+            self.ran_out = True
             return False
         self.left -= 1
+        return True
+
+    def step(self) -> bool:
+        """Spend one enumeration step, if any is left."""
+        if self.steps is None:
+            return True
+        if self.steps <= 0:
+            self.ran_out = True
+            return False
+        self.steps -= 1
         return True
 
 
@@ -145,7 +165,12 @@ def cheapest_config(
     ``below``: only a configuration priced below it is wanted (regrouping has no use for
     a dearer one), so the search stops at that price; the one it returns is still the
     cheapest of all, and None then says only that none is priced below ``below``.
+    Raises ProblemTooLarge beyond ``MAX_GROUP_JOBS`` jobs: no group holds more.
     """
+    if len(jobs) > MAX_GROUP_JOBS:
+        raise ProblemTooLarge(
+            f"a group holds at most {MAX_GROUP_JOBS} jobs; asked for the configuration of {len(jobs)}"
+        )
     items = [_Job.of(j, planning) for j in jobs]
     budget = min(j.period_budget for j in jobs) * (1 + _TOL)
     checks = checks or Checks()
@@ -167,6 +192,8 @@ def cheapest_config(
         found = _cheapest_with(items, frozenset(colocated), cost, planning, budget, ceiling, checks)
         if found is not None:
             best, best_rank = found, rank
+        if checks.ran_out:
+            break
     return best
 
 
@@ -264,9 +291,13 @@ def _cheapest_with(
         return None
     rollout_parts = _priced_partitions(items, disagg, Pool.ROLLOUT, rollout_load, cost, budget, most_bins - 1)
     for price, rbins, tbins in _pairs_by_price(rollout_parts, train_parts, ceiling):
+        if not checks.step():
+            return None
         if len(rbins) + len(tbins) > most_bins or not _connected(n, rbins, tbins):
             continue
         for members in _layouts(items, rbins, tbins, colocated):
+            if not checks.step():
+                return None
             if not _fits_memory(members, cost):
                 continue
             if not checks.take():
@@ -292,8 +323,9 @@ def _pairs_by_price(
     rollout_parts: _Parts, train_parts: _Parts, ceiling: float
 ) -> Iterator[tuple[float, Partition, Partition]]:
     """Pairs of a rollout and a training partition priced below ``ceiling``, cheapest
-    first (ties in enumeration order), generated lazily: a search usually stops at the
-    first cheap pairs, so the full product is never built (nor most bins named)."""
+    first (ties in enumeration order: by rollout partition, then training partition),
+    generated lazily: a search usually stops at the first cheap pairs, so the pairs of a
+    price are never all built (there may be millions), nor most bins named."""
     rollout_at, train_at = rollout_parts.shape.at, train_parts.shape.at
     totals: dict[float, list[tuple[float, float]]] = {}
     for pr in rollout_at:
@@ -301,9 +333,10 @@ def _pairs_by_price(
             if pr + pt < ceiling:
                 totals.setdefault(pr + pt, []).append((pr, pt))
     for total in sorted(totals):
-        indices = sorted((r, t) for pr, pt in totals[total] for r in rollout_at[pr] for t in train_at[pt])
-        for r, t in indices:
-            yield total, rollout_parts.bins(r), train_parts.bins(t)
+        partner = {r: train_at[pt] for pr, pt in totals[total] for r in rollout_at[pr]}
+        for r in sorted(partner):
+            for t in partner[r]:
+                yield total, rollout_parts.bins(r), train_parts.bins(t)
 
 
 @dataclass(frozen=True)
@@ -316,8 +349,24 @@ class _Shape:
     at: Mapping[float, tuple[int, ...]]
 
 
-@functools.lru_cache(maxsize=8192)
+SHARED_SHAPE_JOBS = 6
+"""Shapes of at most this many jobs are cached (at most 203 partitions each); larger ones,
+up to 4,140 partitions, are rare (only groups online placement filled beyond regrouping's
+size) and are built afresh, so the cache's memory stays bounded."""
+
+
 def _shape(fitting: tuple[int, ...], most_bins: int, price: float) -> _Shape:
+    if len(fitting) <= 1 << SHARED_SHAPE_JOBS:
+        return _shared_shape(fitting, most_bins, price)
+    return _build_shape(fitting, most_bins, price)
+
+
+@functools.lru_cache(maxsize=8192)
+def _shared_shape(fitting: tuple[int, ...], most_bins: int, price: float) -> _Shape:
+    return _build_shape(fitting, most_bins, price)
+
+
+def _build_shape(fitting: tuple[int, ...], most_bins: int, price: float) -> _Shape:
     partitions = _partitions(len(fitting) - 1, fitting, most_bins, {})
     priced = tuple((count * price, masks) for count, masks in partitions)
     at: dict[float, list[int]] = {}

@@ -44,3 +44,7 @@ class StaleWeights(RollMuxError):
 
 class WeightsDiscarded(RollMuxError):
     """A role whose weights were discarded at sleep was asked to work before they were re-sent."""
+
+
+class ProblemTooLarge(RollMuxError, ValueError):
+    """An exact search was asked for more jobs than it can solve in bounded time and memory."""

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rollmux.core.cluster import Candidate, Cluster, Group, Member, PlacementKind
+from rollmux.core.cluster import MAX_GROUP_JOBS, Candidate, Cluster, Group, Member, PlacementKind
 from rollmux.core.errors import ResidencyExceeded
 from rollmux.core.roundrobin import SteadyState
 from rollmux.core.spec import JobSpec, Pool
@@ -58,8 +58,15 @@ def _node_choices(cluster: Cluster, group: Group, job: JobSpec, pool: Pool) -> l
     return list(itertools.islice(itertools.combinations(room, job.width(pool)), _MAX_NODE_CHOICES))
 
 
+def _full(group: Group) -> bool:
+    """A group of ``MAX_GROUP_JOBS`` takes no one else, however loose the SLOs."""
+    return len(group.members) >= MAX_GROUP_JOBS
+
+
 def pack_candidates(cluster: Cluster, group: Group, job: JobSpec) -> Iterator[Candidate]:
     """The job on the group's existing nodes (marginal cost 0), least loaded nodes first."""
+    if _full(group):
+        return
     train_choices = _node_choices(cluster, group, job, Pool.TRAIN)
     for rollout in _node_choices(cluster, group, job, Pool.ROLLOUT):
         for train in train_choices:
@@ -72,6 +79,8 @@ def scale_rollout_candidates(cluster: Cluster, group: Group, job: JobSpec) -> It
     Scaling the training side instead was tried and dropped: on the production trace it
     lowered the Solo/RollMux cost ratio.
     """
+    if _full(group):
+        return
     new_rollout = _new_nodes(Pool.ROLLOUT, job.rollout_width, -1)
     delta = job.rollout_width * cluster.cost.price(Pool.ROLLOUT)
     for train in _node_choices(cluster, group, job, Pool.TRAIN):
