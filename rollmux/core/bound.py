@@ -73,7 +73,8 @@ from fractions import Fraction
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
-from rollmux.core.configs import Config, cheapest_config, colocated_phases
+from rollmux.core.cluster import MAX_GROUP_JOBS
+from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phases
 from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
 
 _TOL = 1e-9
@@ -99,7 +100,20 @@ class BoundConfig:
     nodes_per_pass: int = 60_000
     evaluations: int = 3000
     """Exact configuration searches (cache misses) per call."""
+    steps_per_search: int = 50_000
+    steps: int = 5_000_000
+    """Enumeration steps (see ``configs.Checks``) per search and per call: a search that
+    runs out leaves its set priced at its floor, which only weakens the bound."""
     milp_nodes: int = 2000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_group <= MAX_GROUP_JOBS:
+            raise ValueError(f"max_group must be between 1 and {MAX_GROUP_JOBS} (a group's size limit)")
+        for name in ("rounds", "columns_per_round", "nodes_per_pass", "evaluations", "steps_per_search", "milp_nodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.steps < self.steps_per_search:
+            raise ValueError("steps must cover at least one search (steps_per_search)")
 
 
 @dataclass(frozen=True)
@@ -414,25 +428,36 @@ _UNKNOWN = _Unknown()
 
 @dataclass
 class _Exact:
-    """Exact cheapest configurations through a cache, at most ``left`` new searches."""
+    """Exact cheapest configurations through a cache, at most ``left`` new searches of at
+    most ``steps_per_search`` enumeration steps each, ``steps`` in all; a search that runs
+    out is unknown (not remembered)."""
 
     cache: ConfigCache
     cost: CostModel
     planning: Planning
     colocate: bool
     left: int
+    steps_per_search: int
+    steps: int
 
     def get(self, specs: Sequence[JobSpec], always: bool = False) -> Config | None | _Unknown:
-        """The cached or searched configuration; ``always`` searches beyond the budget."""
+        """The cached or searched configuration; ``always`` searches beyond the count of
+        searches (not beyond the steps)."""
         key = frozenset(specs)
         if key in self.cache:
             return self.cache[key]
-        if self.left <= 0 and not always:
+        if (self.left <= 0 and not always) or self.steps <= 0:
             return _UNKNOWN
         self.left -= 1
         ordered = sorted(specs, key=lambda j: (-j.rollout.mean, j.name))
-        self.cache[key] = cheapest_config(ordered, self.cost, self.planning, self.colocate)
-        return self.cache[key]
+        budget = min(self.steps, self.steps_per_search)
+        checks = Checks(steps=budget)
+        found = cheapest_config(ordered, self.cost, self.planning, self.colocate, checks)
+        self.steps -= budget - (checks.steps or 0)
+        if checks.ran_out:
+            return _UNKNOWN
+        self.cache[key] = found
+        return found
 
 
 def lower_bound(
@@ -455,7 +480,7 @@ def lower_bound(
     config = config or BoundConfig()
     cache = cache if cache is not None else {}
     jobs = sorted((_Job.of(s, planning, config.colocate) for s in specs), key=lambda j: (-j.budget, j.spec.name))
-    exact = _Exact(cache, cost, planning, config.colocate, config.evaluations)
+    exact = _Exact(cache, cost, planning, config.colocate, config.evaluations, config.steps_per_search, config.steps)
     warm = tuple(warm)
     parts = [_bound_part([jobs[i] for i in part], cost, config, exact, warm) for part in _Floor(jobs, cost).parts()]
     return Bound(

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from rollmux.core.cluster import Member
+from rollmux.core.cluster import MAX_GROUP_JOBS, Member
 from rollmux.core.configs import Config, cheapest_config
+from rollmux.core.errors import ProblemTooLarge
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning
 
 
@@ -82,12 +83,21 @@ def cheapest_group(
     return None if config is None else GroupPlan.of(config, subset)
 
 
+MAX_OPTIMUM_JOBS = 12
+"""The most jobs :func:`optimum` takes: it searches every subset of up to ``max_group``
+of them (3,796 sets of at most 8 out of 12); beyond, use ``rollmux.core.bound``."""
+
+
 def candidate_groups(
-    jobs: Sequence[JobSpec], cost: CostModel, planning: Planning, colocate: bool = False
+    jobs: Sequence[JobSpec],
+    cost: CostModel,
+    planning: Planning,
+    colocate: bool = False,
+    max_group: int = MAX_GROUP_JOBS,
 ) -> list[GroupPlan]:
-    """The cheapest feasible configuration of every subset of the jobs."""
+    """The cheapest feasible configuration of every subset of at most ``max_group`` jobs."""
     plans = []
-    for size in range(1, len(jobs) + 1):
+    for size in range(1, min(len(jobs), max_group) + 1):
         for subset in itertools.combinations(range(len(jobs)), size):
             plan = cheapest_group(jobs, subset, cost, planning, colocate)
             if plan is not None:
@@ -100,10 +110,18 @@ def optimum(
     cost: CostModel | None = None,
     planning: Planning = DEFAULT_PLANNING,
     colocate: bool = False,
+    max_group: int = MAX_GROUP_JOBS,
 ) -> Optimum:
-    """The cheapest partition of ``jobs`` into feasible groups (exact set-partitioning MILP)."""
+    """The cheapest partition of ``jobs`` into feasible groups of at most ``max_group``
+    jobs (exact set-partitioning MILP). Raises ProblemTooLarge beyond ``MAX_OPTIMUM_JOBS``
+    jobs or ``MAX_GROUP_JOBS`` per group: its work grows with the number of subsets."""
+    if len(jobs) > MAX_OPTIMUM_JOBS or not 1 <= max_group <= MAX_GROUP_JOBS:
+        raise ProblemTooLarge(
+            f"the exact optimum takes at most {MAX_OPTIMUM_JOBS} jobs in groups of 1 to {MAX_GROUP_JOBS}; "
+            f"asked for {len(jobs)} jobs in groups of up to {max_group} (rollmux.core.bound bounds any number)"
+        )
     cost = cost or CostModel()
-    plans = candidate_groups(jobs, cost, planning, colocate)
+    plans = candidate_groups(jobs, cost, planning, colocate, max_group)
     picked = partition(len(jobs), [plan.jobs for plan in plans], [plan.cost_per_hour for plan in plans])
     chosen = tuple(plans[c] for c in picked)
     return Optimum(chosen, sum(plan.cost_per_hour for plan in chosen))
