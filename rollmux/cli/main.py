@@ -31,6 +31,7 @@ from rollmux.sim.failures import FailureModel, Recovery, RecoveryTimes
 
 if TYPE_CHECKING:  # the simulator and the plots load scipy and matplotlib: only `simulate` needs them
     from rollmux.sim.compare import Comparison
+    from rollmux.sim.simulator import SimResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 WIDE = 160
@@ -184,6 +185,8 @@ def simulate(
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)
+    if regroup:
+        out.print(regroup_line(result.results[result.reference]), highlight=False)
     if failure_model:
         out.print(failures_table(result))
         for line in failures_lines(result):
@@ -330,6 +333,15 @@ def failures_lines(result: Comparison) -> list[str]:
         hours = " ".join(f"{name}={a.unreplicated_job_s / 3600:.1f}h" for name, a in accounts.items())
         lines.append(f"jobs without a replica (no room on another training node or a standby): {hours}")
     return lines
+
+
+def regroup_line(result: SimResult) -> str:
+    """How much regrouping worked, and how often its per-round budget stopped it."""
+    return (
+        f"regrouping ({result.policy}): {result.regroup_rounds} rounds, {result.regroup_rounds_exhausted} stopped "
+        f"on their work budget (each kept the best plan it had found); at most {result.regroup_peak_cached} "
+        "solved sets cached"
+    )
 
 
 def fluid_line(result: Comparison) -> str:

@@ -96,6 +96,11 @@ class SimResult:
     """The largest group the policy formed (first seen), for a Gantt chart of its schedule."""
     failures: FailureAccount | None = None
     """What injected node failures cost (None: a fault-free run)."""
+    regroup_rounds: int = 0
+    regroup_rounds_exhausted: int = 0
+    """Regrouping rounds run, and those that stopped on their work budget (each kept the
+    best plan it had found)."""
+    regroup_peak_cached: int = 0
 
     @property
     def cost_node_hours(self) -> float:
@@ -144,6 +149,9 @@ class SimResult:
             "migrations": self.migrations,
             "migration_usd": self.migration_usd,
             "jobs_over_slo": self.jobs_over_slo,
+            "regroup_rounds": self.regroup_rounds,
+            "regroup_rounds_exhausted": self.regroup_rounds_exhausted,
+            "regroup_peak_cached": self.regroup_peak_cached,
         }
         for pool, account in self.pools.items():
             out[f"{pool.value}_node_hours"] = account.node_seconds / HOUR
@@ -295,6 +303,8 @@ def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, state: 
     job's pause as lost work (a job not started yet moves without a pause)."""
     progress = {j.name: JobProgress(result.jobs[j.name].seconds, result.jobs[j.name].work_s) for j in cluster.jobs()}
     plan = plan_regroup(cluster, config, state, progress)
+    result.regroup_rounds, result.regroup_rounds_exhausted = state.rounds, state.exhausted_rounds
+    result.regroup_peak_cached = max(result.regroup_peak_cached, state.cached)
     if plan is None:
         return
     apply_regroup(cluster, plan)
