@@ -28,9 +28,9 @@ from rollmux.inputs.jobfile import MAX_SLO
 from rollmux.inputs.runfile import MAX_PLAN_JOBS, JobSubmission
 
 ROUND_CPU_S = 10.0
-"""CPU seconds a regrouping round may take, whatever the plan: five times the slowest
-round of 220 random plans (1.5 s; bench notes in docs/results.md). CPU time, not wall
-time, so a busy machine does not fail it."""
+"""CPU seconds a regrouping round may take, whatever the plan: over six times the slowest
+round of 290 random plans (1.5 s; ``bench/regroup_bounds.py``, docs/results.md). CPU time,
+not wall time, so a busy machine does not fail it."""
 
 
 def small_job(i: int, slo: float, rollout: float = 1.0, train: float = 1.0) -> JobSpec:

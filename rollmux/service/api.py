@@ -244,6 +244,15 @@ class MoveView(BaseModel):
     outcome: str
 
 
+class RegroupingView(BaseModel):
+    rounds: int = Field(description="regrouping rounds planned since start")
+    rounds_exhausted: int = Field(description="rounds stopped on their work budget (each kept the best plan found)")
+    cached_sets: int = Field(description="solved job sets kept between rounds (bounded)")
+    last_round: dict[str, float | int | bool] = Field(
+        description="the last round's jobs, searches, checks, steps, whether it was exhausted, and its seconds"
+    )
+
+
 class ClusterSummary(BaseModel):
     nodes: dict[str, int]
     capacity: dict[str, int | None]
@@ -255,6 +264,7 @@ class ClusterSummary(BaseModel):
     bubble_fraction: float
     accepted_since_start: int
     commits_since_start: int
+    regrouping: RegroupingView
 
 
 class Problem(BaseModel):
@@ -291,6 +301,21 @@ class _Metrics:
         )
         yield CounterMetricFamily(
             "rollmux_commits", "Store transactions since start", value=summary["commits_since_start"]
+        )
+        regrouping = summary["regrouping"]
+        yield CounterMetricFamily("rollmux_regroup_rounds", "Regrouping rounds planned", value=regrouping["rounds"])
+        yield CounterMetricFamily(
+            "rollmux_regroup_rounds_exhausted",
+            "Regrouping rounds stopped on their work budget",
+            value=regrouping["rounds_exhausted"],
+        )
+        yield GaugeMetricFamily(
+            "rollmux_regroup_cached_sets", "Solved job sets regrouping keeps", value=regrouping["cached_sets"]
+        )
+        yield GaugeMetricFamily(
+            "rollmux_regroup_last_round_seconds",
+            "Wall seconds the last regrouping round took to plan",
+            value=regrouping["last_round"]["seconds"],
         )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -204,6 +205,8 @@ class ControlPlane:
         self._syncing = asyncio.Lock()
         self._regroup_due = options.regroup is not None
         self._regrouping = RegroupState()
+        self._round_s = 0.0
+        """Wall seconds the last regrouping round took to plan."""
         self._warming: dict[int, Pool] = {}
         """New nodes of a regrouping being readied before it is applied."""
         self._waiting_room = False
@@ -487,6 +490,17 @@ class ControlPlane:
             "bubble_fraction": 1.0 - total_busy / total_nodes if total_nodes else 0.0,
             "accepted_since_start": self.accepted,
             "commits_since_start": self.journal.commits,
+            "regrouping": self._regrouping_view(),
+        }
+
+    def _regrouping_view(self) -> dict[str, Any]:
+        """What regrouping did: rounds, those its budget stopped, its cache, its last round."""
+        state = self._regrouping
+        return {
+            "rounds": state.rounds,
+            "rounds_exhausted": state.exhausted_rounds,
+            "cached_sets": state.cached,
+            "last_round": {**dataclasses.asdict(state.last_round), "seconds": self._round_s},
         }
 
     # --- internals -----------------------------------------------------------------------
@@ -673,6 +687,11 @@ class ControlPlane:
             snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
             progress = self.state.progress(view, taken)
             plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping, progress)
+            self._round_s = self.clock() - taken
+            if self._regrouping.last_round.exhausted:
+                log.info(
+                    "regrouping round stopped on its work budget, kept its best plan: %s", self._regrouping.last_round
+                )
             movers = [self.state.jobs.get(spec.name) for spec in plan.moved] if plan is not None else []
             self._reseating = frozenset(job.name for job in movers if job is not None and job.unstarted)
             self._examined(taken)  # before its new nodes are readied: that may take Ray many seconds
