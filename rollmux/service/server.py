@@ -30,6 +30,7 @@ from rollmux.service.auth import ensure_token
 from rollmux.service.client import DEFAULT_PORT, DEFAULT_STATE_DIR
 from rollmux.service.control import ControlOptions, ControlPlane
 from rollmux.service.lock import WriterLock, acquire_writer_lock
+from rollmux.service.private import private_dir
 from rollmux.service.store import Store, default_url
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class Service:
     def __init__(self, options: ServeOptions):
         self.options = options
         _raise_open_files_limit()
-        self.token = ensure_token(options.state_dir)
+        self.token = ensure_token(options.state_dir)  # creates the private state folder
         self.socket = _bind(options.host, options.port)
         self.url = options.advertise_url or _url(options.host, self.socket.getsockname()[1])
         self.lock: WriterLock | None = None
@@ -93,7 +94,7 @@ class Service:
             regroup=options.regroup,
             slo_guard=options.slo_guard,
         )
-        control_options.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(control_options.checkpoint_dir)
         self.control = ControlPlane(self.store, control_options, executor)
         self.app = create_app(self.control, self.token)
         _tune_garbage_collector()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, Integer, String, Text, create_engine, delete, event, select
+from sqlalchemy import Float, Integer, String, Text, create_engine, delete, event, make_url, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -36,6 +36,7 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import JobSpec, Pool
+from rollmux.service.private import private_file
 
 SCHEMA_VERSION = 5
 
@@ -187,11 +188,27 @@ def default_url(state_dir: Path) -> str:
     return f"sqlite:///{Path(state_dir) / 'rollmux.db'}"
 
 
+def _private_sqlite_files(url: str) -> None:
+    """Create an SQLite database file readable by its owner only (0600) before SQLite opens
+    it: SQLite gives its ``-wal`` and ``-shm`` files the database file's mode. A database,
+    WAL or shared-memory file left looser by an older version is tightened."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    database = Path(parsed.database)
+    private_file(database)
+    for suffix in ("-wal", "-shm", "-journal"):
+        companion = database.with_name(database.name + suffix)
+        if companion.exists():
+            private_file(companion)
+
+
 class Store:
     """Reads and writes the control plane's rows."""
 
     def __init__(self, url: str):
         self.url = url
+        _private_sqlite_files(url)
         self.engine = create_engine(url)
         if self.engine.dialect.name == "sqlite":
             _sqlite_pragmas(self.engine)
