@@ -38,7 +38,10 @@ from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import JobSpec, Pool
 from rollmux.service.private import private_file
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+UPGRADES = {5: ("ALTER TABLE jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0",)}
+"""Statements that bring a database of the schema named up to the next one, so an older
+store is upgraded in place instead of refused (its jobs are kept)."""
 
 
 class StoreError(RollMuxError):
@@ -83,6 +86,7 @@ class JobRow(Base):
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     paused_s: Mapped[float] = mapped_column(Float, default=0.0)
     move: Mapped[str | None] = mapped_column(Text, nullable=True)
+    parked: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class NodeRow(Base):
@@ -212,27 +216,34 @@ class Store:
         self.engine = create_engine(url)
         if self.engine.dialect.name == "sqlite":
             _sqlite_pragmas(self.engine)
-        self._check_schema()
+        self._upgrade_schema()
         Base.metadata.create_all(self.engine)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self.sessions.begin() as session:
             if session.get(MetaRow, "schema") is None:
                 session.add(MetaRow(key="schema", value=str(SCHEMA_VERSION)))
 
-    def _check_schema(self) -> None:
-        """Refuse a database written by another version instead of misreading it."""
-        with self.engine.connect() as connection:
+    def _upgrade_schema(self) -> None:
+        """Bring a database of an older schema this version knows up to date, in one
+        transaction; refuse any other instead of misreading it."""
+        with self.engine.begin() as connection:
             tables = set(self.engine.dialect.get_table_names(connection))
             if not tables:
                 return
             version = None
             if "meta" in tables:
                 version = connection.exec_driver_sql("SELECT value FROM meta WHERE key = 'schema'").scalar()
-        if version != str(SCHEMA_VERSION):
-            raise StoreError(
-                f"{self.url}: written by another RollMux version (schema {version or 1}, this one reads "
-                f"{SCHEMA_VERSION}); move it away or use another --state-dir"
-            )
+            found = int(version) if version is not None and version.isdigit() else 1
+            if found not in UPGRADES and found != SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.url}: written by another RollMux version (schema {found}, this one reads "
+                    f"{SCHEMA_VERSION}); move it away or use another --state-dir"
+                )
+            for step in range(found, SCHEMA_VERSION):
+                for statement in UPGRADES[step]:
+                    connection.exec_driver_sql(statement)
+            if found != SCHEMA_VERSION:
+                connection.exec_driver_sql(f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema'")
 
     # --- writes ------------------------------------------------------------------------
 
@@ -526,6 +537,7 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "cost_usd": job.cost_usd,
         "paused_s": job.paused_s,
         "move": _move_json(job.move),
+        "parked": int(job.parked),
     }
 
 
@@ -578,6 +590,7 @@ def _record(row: JobRow) -> JobRecord:
         cost_usd=row.cost_usd,
         paused_s=row.paused_s,
         move=_move(row.move),
+        parked=bool(row.parked),
     )
     return JobRecord(
         job,
