@@ -5,9 +5,10 @@ Every operation changes the core's :class:`ControlState` on the event loop (no l
 thread mutates), drains the rows it changed into the journal and answers only once they
 are committed. Waiting for a turn is an ``asyncio`` event, not a thread, so a thousand
 waiting jobs cost nothing. Three background tasks keep the live system in line with the
-state: leases (lost sessions are revoked, managed jobs restarted), capacity (what Ray
-offers; queued jobs are admitted as it frees) and reconciliation (the executor provisions
-the nodes the state holds and starts the drivers of placed jobs).
+state: leases (lost sessions are revoked, managed jobs restarted; jobs seated without a
+session past their grace stop holding nodes), capacity (what Ray offers; queued jobs are
+admitted as it frees) and reconciliation (the executor provisions the nodes the state holds
+and starts the drivers of placed jobs).
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ class ControlOptions:
     planning: Planning = DEFAULT_PLANNING
     cost: CostModel = field(default_factory=CostModel)
     lease_s: float = 10.0
+    lost_grace_s: float | None = None
+    """How long a job may sit seated without a session (None: ``default_lost_grace``)."""
     capacity: Capacity = field(default_factory=Capacity)
     """Static capacity, used when the executor does not report one (no Ray)."""
     checkpoint_dir: Path = Path("checkpoints")
@@ -184,6 +187,7 @@ class ControlPlane:
             self.clock(),
             options.lease_s,
             options.capacity,
+            options.lost_grace_s,
         )
         self.journal = Journal(store, self._fail_stop)
         self.waiters: dict[str, asyncio.Event] = {}
@@ -281,6 +285,8 @@ class ControlPlane:
         return [await self.view(job.name) for job in jobs], bool(fresh)
 
     def _refuse_unrunnable(self, job: JobSubmission) -> None:
+        """Refuse what nothing here could ever run (an external job is placed and labelled
+        instead: its owner runs it)."""
         if job.managed and not self.options.runs_jobs:
             raise RollMuxError(
                 f"job {job.name}: this control plane runs without Ray and cannot run a {job.kind} job; "
@@ -297,10 +303,13 @@ class ControlPlane:
 
     async def begin_session(self, name: str, driver: str) -> dict[str, Any]:
         """A new incarnation of the job (its ``driver`` process, for the events): epoch,
-        lease, seat, program and checkpoint path."""
+        lease, seat, program and checkpoint path. An unseated job re-enters admission; if it
+        must wait for room, that is committed and the call refused saying so."""
         await self._live(name)
-        job = self.state.begin_session(name, self.clock(), driver)
-        await self._persist()
+        try:
+            job = self.state.begin_session(name, self.clock(), driver)
+        finally:
+            await self._persist()
         seat = self.state.seat(name)
         return {
             "epoch": job.epoch,
@@ -416,6 +425,7 @@ class ControlPlane:
             view["buddy"] = self.buddies.get(job.name)
         view["metrics"] = self.last_metrics.get(job.name)
         view["cost_usd"] = self.state.cost_so_far(job, self.clock())
+        view["lost_grace_s"] = self.state.lost_grace_s
         return view
 
     async def phase_log(self, name: str | None, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
@@ -515,7 +525,7 @@ class ControlPlane:
         await self.journal.submit(delta)
         if (delta.jobs or delta.groups) and self._changed is not None:
             self._changed.set()
-        if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED) for e in delta.events):
+        if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED, "unseated") for e in delta.events):
             self._regroup_due = self.options.regroup is not None
             if self._regroup_now is not None:
                 self._regroup_now.set()
@@ -531,12 +541,19 @@ class ControlPlane:
         tick = min(0.25, self.options.lease_s / 10)
         while True:
             await asyncio.sleep(tick)
-            now = self.clock()
-            lost = self.state.expire(now)
-            for name in lost:
-                self._after_loss(name, now)
-            if lost:
-                await self._persist()
+            try:
+                await self._expire_once()
+            except Exception:  # noqa: BLE001 - the next tick tries again: leases must keep being watched
+                log.exception("checking leases and graces failed; retrying at the next tick")
+
+    async def _expire_once(self) -> None:
+        """Lose expired sessions, restart the managed jobs among them, unseat jobs idle past
+        their grace; commit."""
+        now = self.clock()
+        lost = self.state.expire(now)
+        for name in lost:
+            self._after_loss(name, now)
+        await self._persist()
 
     async def _lose(self, name: str, reason: str) -> None:
         """The job's session is gone for ``reason``: lost now (not a lease later), restarted
@@ -549,8 +566,7 @@ class ControlPlane:
     def _after_loss(self, name: str, now: float) -> None:
         """A managed job is restarted (if it has restarts left); an external one waits for
         its owner to begin a new session."""
-        job = self.state.jobs[name]
-        if job.program.get("kind", "external") != "external":
+        if self.state.jobs[name].managed:
             self.state.restart(name, now)
 
     async def _recover_drivers(self) -> None:
@@ -558,7 +574,7 @@ class ControlPlane:
         (not a lease later), and restarted without counting against their restarts."""
         now = self.clock()
         for job in list(self.state.jobs.values()):
-            if job.program.get("kind", "external") == "external" or job.state not in (*SESSION_STATES, LOST):
+            if not job.managed or job.state not in (*SESSION_STATES, LOST):
                 continue
             if job.state != LOST and await self.executor.driver_alive(job.name, job.launch):
                 self.launched[job.name] = job.launch
@@ -845,6 +861,10 @@ def _record_view(record: JobRecord) -> dict[str, Any]:
         "iterations": job.iteration,
         "epoch": job.epoch,
         "restarts": job.restarts,
+        "max_restarts": job.max_restarts,
+        "restart_at": job.restart_at,
+        "unseat_at": job.unseat_at,
+        "parked": job.parked,
         "phase": None,
         "metrics": None,
         "cost_usd": job.cost_usd,

@@ -56,6 +56,9 @@ class ServeOptions:
     rollout_nodes: int = 64
     train_nodes: int = 64
     lease_s: float = 10.0
+    lost_grace_s: float | None = None
+    """A job seated without a session for this long stops holding its nodes (None: the
+    default, ``rollmux.core.control.default_lost_grace``)."""
     host_memory_gb: float = 8.0
     gpus_per_node: dict[Pool, float] = field(default_factory=dict)
     advertise_url: str | None = None
@@ -89,6 +92,7 @@ class Service:
         control_options = ControlOptions(
             policy=options.policy,
             lease_s=options.lease_s,
+            lost_grace_s=options.lost_grace_s,
             checkpoint_dir=options.state_dir / "checkpoints",
             runs_jobs=executor is not None,
             regroup=options.regroup,
