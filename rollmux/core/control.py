@@ -488,6 +488,15 @@ class ControlState:
         """Its driver is about to start on its seat, which regrouping no longer changes."""
         self._live(name).claimed = True
 
+    def launching(self, name: str, now: float) -> None:
+        """The launch of a placed job's driver made progress (its nodes are ready, its
+        driver started): its grace counts from now, so a launch that is slow but moving (a
+        worker replaced, a driver process started, on a busy host) is not taken for one
+        that hangs."""
+        job = self._live(name)
+        if job.state == PLACED:
+            job.unseat_at = now + self.lost_grace_s
+
     def explain(self, name: str, reason: str) -> None:
         """Say why a job is not progressing (shown with its state) without changing it."""
         job = self._live(name)
