@@ -213,7 +213,7 @@ def test_a_managed_job_without_a_session_past_its_grace_is_lost_and_its_restarts
     assert state.drain().jobs["m"].job.state == FAILED and "m" not in state.jobs
 
 
-def test_restarts_after_the_first_back_off_exponentially():
+def test_restarts_in_a_row_back_off_exponentially_until_the_job_runs_again():
     assert [restart_delay(n) for n in range(1, 10)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
     state = control()
     state.submit(spec("m"), MANAGED, 0.0, max_restarts=5)
@@ -229,6 +229,10 @@ def test_restarts_after_the_first_back_off_exponentially():
     assert not job.backing_off(job.restart_at)
     state.restart("m", now, counted=False)  # the control plane restarted: not the job's doing
     assert state.job("m").restarts == 3 and state.job("m").restart_at is None
+    state.activate("m", state.begin_session("m", now).epoch, None, now)  # it ran again: the back-off starts over
+    state.lose("m", now + 1, "NodeDiedError: simulated")
+    state.restart("m", now + 1)
+    assert state.job("m").restarts == 4 and state.job("m").restart_at is None
 
 
 def test_a_job_that_does_not_fit_waits_in_fifo_order_and_runs_when_capacity_frees():

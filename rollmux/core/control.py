@@ -22,8 +22,9 @@ never started, or ``lost``) for ``lost_grace_s`` is, if its owner runs it (``ext
 *unseated*: its nodes are released, its cost stops and it is ``pending`` again, but parked
 out of the admission queue (re-seating it would bill it again for nothing) until its driver
 asks for a session; if RollMux runs it, it is lost and restarted like any lost job, so its
-``max_restarts`` bound it. Restarts after the first wait an exponential back-off
-(:func:`restart_delay`): a platform failing over and over is not hammered.
+``max_restarts`` bound it. A restart that follows another without the job having run in
+between waits an exponential back-off (:func:`restart_delay`): a platform failing over and
+over is not hammered, and a job that fails once in a while restarts at once each time.
 """
 
 from __future__ import annotations
@@ -80,14 +81,15 @@ def default_lost_grace(lease_s: float) -> float:
     return max(MIN_LOST_GRACE_S, LEASES_OF_GRACE * lease_s)
 
 
-def restart_delay(restarts: int) -> float:
-    """Seconds the ``restarts``-th counted restart waits before its driver starts: none for
-    the first (a dead worker or node is replaced at once, and a standby takes over in well
-    under a second), then 1, 2, 4 … s, at most a minute, so a platform that keeps failing
-    (memory pressure, a node going up and down) gets time to recover between attempts."""
-    if restarts <= 1:
+def restart_delay(in_a_row: int) -> float:
+    """Seconds a counted restart waits before its driver starts, the ``in_a_row``-th since the
+    job last ran: none for the first (a dead worker or node is replaced at once, and a
+    standby takes over in well under a second), then 1, 2, 4 … s, at most a minute, so a
+    platform that keeps failing (memory pressure, a node going up and down) gets time to
+    recover between attempts."""
+    if in_a_row <= 1:
         return 0.0
-    return min(RESTART_BACKOFF_S * 2 ** (restarts - 2), MAX_RESTART_BACKOFF_S)
+    return min(RESTART_BACKOFF_S * 2 ** (in_a_row - 2), MAX_RESTART_BACKOFF_S)
 
 
 @dataclass(frozen=True)
@@ -226,9 +228,11 @@ class Job:
     """Meta-iterations completed in its current group's turns (its place in their cycle)."""
     restarts: int = 0
     """Restarts charged to the job (its session was lost, or the platform failed under it)."""
+    restarts_in_a_row: int = 0
+    """Counted restarts since it last joined its turns: what its back-off grows with."""
     restart_at: float | None = None
-    """Its driver is not started again before then (restart back-off; not persisted: a
-    restarted control plane starts it at once)."""
+    """Its driver is not started again before then (restart back-off; neither is persisted:
+    a restarted control plane starts it at once)."""
     unseat_at: float | None = None
     """Seated without a session (placed or lost): when it stops holding its nodes unless a
     session begins (not persisted: a restarted control plane gives a full grace again, as it
@@ -475,7 +479,7 @@ class ControlState:
             return job
         if iteration is not None:
             job.iteration = iteration
-        job.state, job.next_phase = RUNNING, ROLLOUT
+        job.state, job.next_phase, job.restarts_in_a_row = RUNNING, ROLLOUT, 0
         group = self.cluster.group_of(name)
         self._rebuild_turns(group)
         self._touch(job)
@@ -603,7 +607,8 @@ class ControlState:
 
     def restart(self, name: str, now: float, counted: bool = True) -> bool:
         """A lost job gets a new driver, if it has restarts left, after its back-off
-        (:func:`restart_delay`; :attr:`Job.restart_at`); else it fails (and leaves).
+        (:func:`restart_delay` of its restarts since it last ran; :attr:`Job.restart_at`);
+        else it fails (and leaves).
         ``counted=False``: the job is not at fault (the control plane itself restarted), and
         starts again at once."""
         job = self._live(name)
@@ -612,7 +617,8 @@ class ControlState:
         if job.restarts > job.max_restarts:
             self.end(name, FAILED, now, f"lost {job.restarts} times (max_restarts {job.max_restarts}): {job.reason}")
             return False
-        delay = restart_delay(job.restarts) if counted else 0.0
+        job.restarts_in_a_row += int(counted)
+        delay = restart_delay(job.restarts_in_a_row) if counted else 0.0
         job.restart_at = now + delay if delay else None
         job.unseat_at = now + delay + self.lost_grace_s
         wait = f" in {delay:g} s" if delay else ""
@@ -971,7 +977,7 @@ class ControlState:
         state.next_seq = counters.get("next_seq", 0)
         state.next_token = counters.get("next_token", 0)
         for r in records:
-            job = replace(r.job, request=None, restart_at=None, unseat_at=None)
+            job = replace(r.job, request=None, restart_at=None, unseat_at=None, restarts_in_a_row=0)
             if job.state in SESSION_STATES:
                 job.lease_until = now + lease_s
             if job.state in (PLACED, LOST):
