@@ -90,5 +90,5 @@ def test_rollmux_submit_says_an_external_job_waits_for_its_driver(service):
     assert shown.exit_code == 0, shown.output
     answer = json.loads(shown.output)
     assert answer["state"] == "placed" and answer["reason"].startswith("waiting for its driver")
-    table = runner.invoke(app, ["status", answer["name"], *common])
+    table = runner.invoke(app, ["submit", str(EXAMPLES / "external-job.yaml"), *common])  # a retry: answered
     assert table.exit_code == 0 and "waiting for its" in table.output, table.output
