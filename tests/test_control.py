@@ -1,5 +1,6 @@
 """The control plane's state machine: leases, fencing, idempotent grants, the admission
-queue, and a restore from the store that neither double-grants nor forgets a held turn."""
+queue, graces after which idle jobs stop holding nodes, restart back-off, and a restore
+from the store that neither double-grants nor forgets a held turn."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.control import (
+    CANCELLED,
+    FAILED,
     LOST,
     PENDING,
     PLACED,
     PROFILE_TOLERANCE,
     RUNNING,
+    STARTING,
     Capacity,
     ControlState,
     PhaseTiming,
+    default_lost_grace,
+    restart_delay,
 )
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch
 from rollmux.core.placement import make_policy
@@ -29,6 +35,8 @@ from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime
 from rollmux.service.store import Store
 
 LEASE = 10.0
+GRACE = default_lost_grace(LEASE)
+MANAGED = {"kind": "grpo"}
 
 
 def spec(name: str, slo: float = 3.0, rollout_width: int = 1) -> JobSpec:
@@ -138,6 +146,95 @@ def test_a_lost_job_restarts_until_its_restarts_run_out():
     assert "a" not in state.jobs
 
 
+def test_a_lost_external_job_is_unseated_after_its_grace_and_its_cost_stops():
+    state = control()
+    epochs = running(state, "a")
+    state.acquire("a", "rollout", epochs["a"], 1.0)
+    state.expire(1.0 + LEASE + 0.1)
+    lost_at = 1.0 + LEASE + 0.1
+    assert state.job("a").state == LOST and state.job("a").unseat_at == pytest.approx(lost_at + GRACE)
+    state.drain()
+    state.expire(lost_at + GRACE - 0.1)
+    assert state.job("a").state == LOST and state.cluster.cost_per_hour() > 0
+    state.expire(lost_at + GRACE + 0.1)
+    job = state.job("a")
+    assert (job.state, job.parked, job.unseat_at) == (PENDING, True, None)
+    assert job.reason.startswith(f"lost for {GRACE:g} s (lease expired") and "unseated" in job.reason
+    delta = state.drain()
+    assert sorted((n.pool.value, n.held) for n in delta.nodes) == [("rollout", False), ("train", False)]
+    assert [e.kind for e in delta.events] == ["unseated"]
+    assert state.cluster.cost_per_hour() == 0.0 and state.seat("a") is None
+    cost = state.cost_so_far(job, lost_at + GRACE + 0.1)
+    assert cost > 0 and state.cost_so_far(job, 10 * GRACE) == cost
+    state.submit(spec("b"), {}, 2 * GRACE)  # admission runs: it does not re-seat the parked job
+    assert state.job("a").state == PENDING and state.queue == []
+    with pytest.raises(StaleEpoch, match="session 1 is over"):
+        state.heartbeat("a", epochs["a"], 2 * GRACE)
+    again = state.begin_session("a", 2 * GRACE + 1)  # its driver returns
+    assert (again.state, again.epoch, again.parked) == (STARTING, epochs["a"] + 1, False)
+    assert state.seat("a") is not None and state.cost_so_far(again, 2 * GRACE + 1) == cost
+
+
+def test_an_external_job_no_driver_comes_for_is_unseated_and_waits_its_turn_when_one_does():
+    state = control("solo", Capacity(rollout=1, train=1))
+    state.submit(spec("idle"), {}, 0.0)
+    assert state.job("idle").state == PLACED
+    assert state.job("idle").reason.startswith("waiting for its driver: an external job runs only when its owner")
+    state.expire(GRACE + 0.1)
+    assert state.job("idle").parked and state.job("idle").reason.startswith(f"no driver came within {GRACE:g} s")
+    state.submit(spec("b"), {}, GRACE + 1)
+    with pytest.raises(PhaseOrderError, match="waiting for 1 free rollout node"):
+        state.begin_session("idle", GRACE + 2)  # back in the queue, which waits for room
+    assert state.job("idle").state == PENDING and not state.job("idle").parked and state.queue == ["idle"]
+    state.end("b", "done", GRACE + 3)
+    assert state.job("idle").state == PLACED
+
+
+def test_a_parked_job_can_be_cancelled():
+    state = control()
+    state.submit(spec("idle"), {}, 0.0)
+    state.expire(GRACE + 0.1)
+    state.end("idle", CANCELLED, GRACE + 1)
+    assert state.drain().jobs["idle"].job.state == CANCELLED and "idle" not in state.jobs
+
+
+def test_a_managed_job_without_a_session_past_its_grace_is_lost_and_its_restarts_bound_it():
+    state = control()
+    state.submit(spec("m"), MANAGED, 0.0, max_restarts=1)
+    assert state.job("m").reason == ""  # RollMux starts it
+    assert state.expire(GRACE + 0.1) == ["m"]
+    assert state.job("m").state == LOST and state.job("m").reason == f"no session began within {GRACE:g} s"
+    assert state.restart("m", GRACE + 0.1)
+    assert state.job("m").state == PLACED and state.job("m").unseat_at == pytest.approx(2 * GRACE + 0.1)
+    state.launching("m", 1.5 * GRACE)  # its launch moves on (nodes ready, driver started): a new grace
+    assert state.expire(2 * GRACE + 0.2) == []
+    assert state.expire(2.5 * GRACE + 0.1) == ["m"]
+    assert not state.restart("m", 2.5 * GRACE + 0.1)
+    assert state.drain().jobs["m"].job.state == FAILED and "m" not in state.jobs
+
+
+def test_restarts_in_a_row_back_off_exponentially_until_the_job_runs_again():
+    assert [restart_delay(n) for n in range(1, 10)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
+    state = control()
+    state.submit(spec("m"), MANAGED, 0.0, max_restarts=5)
+    now = 0.0
+    for restarts, delay in ((1, 0.0), (2, 1.0), (3, 2.0)):
+        state.lose("m", now, "OutOfMemoryError: simulated")
+        assert state.restart("m", now)
+        job = state.job("m")
+        assert job.restart_at == (now + delay if delay else None) and job.backing_off(now) == bool(delay)
+        assert job.reason.startswith(f"restart {restarts}/5{f' in {delay:g} s' if delay else ''} after: OutOfMemory")
+        assert job.unseat_at == now + delay + GRACE
+        now += 10.0
+    assert not job.backing_off(job.restart_at)
+    state.restart("m", now, counted=False)  # the control plane restarted: not the job's doing
+    assert state.job("m").restarts == 3 and state.job("m").restart_at is None
+    state.activate("m", state.begin_session("m", now).epoch, None, now)  # it ran again: the back-off starts over
+    state.lose("m", now + 1, "NodeDiedError: simulated")
+    state.restart("m", now + 1)
+    assert state.job("m").restarts == 4 and state.job("m").restart_at is None
+
+
 def test_a_job_that_does_not_fit_waits_in_fifo_order_and_runs_when_capacity_frees():
     state = control("solo", Capacity(rollout=1, train=1))
     for name in ("a", "b", "c"):
@@ -242,6 +339,20 @@ def test_a_restart_keeps_the_held_grant_so_no_one_else_gets_the_node(tmp_path):
     assert after.job("a").next_phase == "train" and after.job("a").lease_until == 51.0 + LEASE
 
 
+def test_a_restart_keeps_unseated_jobs_parked_and_gives_seated_ones_a_full_grace(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    state = control()
+    state.submit(spec("gone"), {}, 0.0)
+    state.expire(GRACE + 0.1)
+    state.submit(spec("idle"), {}, GRACE + 1)
+    persisted(state, store)
+    after = restored(store, now=GRACE + 50)
+    assert after.job("gone").parked and after.queue == [] and after.seat("gone") is None
+    assert after.job("idle").state == PLACED and after.job("idle").unseat_at == GRACE + 50 + GRACE
+    after.begin_session("gone", GRACE + 51)
+    assert after.seat("gone") is not None
+
+
 class Scenario(RuleBasedStateMachine):
     """Random sessions, phases, lost leases, restarts, departures, regroupings (moves carried
     out at random moments) and control-plane crashes on five jobs in two groups; every
@@ -269,10 +380,14 @@ class Scenario(RuleBasedStateMachine):
         wanted = (state,) if isinstance(state, str) else state
         return sorted(n for n, j in self.state.jobs.items() if j.state in wanted)
 
-    @precondition(lambda self: self.live((PLACED, LOST)))
+    def startable(self) -> list[str]:
+        """Jobs a driver may begin a session of: seated, or unseated and parked."""
+        return sorted(n for n, j in self.state.jobs.items() if j.state in (PLACED, LOST) or j.parked)
+
+    @precondition(lambda self: self.startable())
     @rule(data=st.data())
     def begin(self, data):
-        name = data.draw(st.sampled_from(self.live((PLACED, LOST))))
+        name = data.draw(st.sampled_from(self.startable()))
         self.state.begin_session(name, self.now)
         self.persist()
 
@@ -335,11 +450,16 @@ class Scenario(RuleBasedStateMachine):
 
     @rule()
     def crash_and_restore(self):
-        before = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration, j.move) for n, j in self.state.jobs.items()}
+        def kept(state: ControlState) -> dict:
+            return {
+                n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration, j.move, j.parked)
+                for n, j in state.jobs.items()
+            }
+
+        before, queue = kept(self.state), list(self.state.queue)
         dues = {g: {n: t.due(n) for n in t.sequence} for g, t in self.state.turns.items()}
         self.state = restored(self.store, self.now)
-        after = {n: (j.state, j.epoch, j.grant, j.next_phase, j.iteration, j.move) for n, j in self.state.jobs.items()}
-        assert after == before
+        assert kept(self.state) == before and self.state.queue == queue
         assert {g: {n: t.due(n) for n in t.sequence} for g, t in self.state.turns.items()} == dues
 
     @invariant()
@@ -369,6 +489,16 @@ class Scenario(RuleBasedStateMachine):
         for name in self.state.moving():
             origin = {n for n, _ in self.state.job(name).move.origin}
             assert origin <= set(self.state.cluster.node_pool) | set(self.state.draining())
+
+    @invariant()
+    def parked_jobs_hold_nothing_and_wait_for_their_driver(self):
+        for name, job in self.state.jobs.items():
+            if job.parked:
+                assert (
+                    job.state == PENDING and name not in self.state.cluster.job_group and name not in self.state.queue
+                )
+            if job.state in (PLACED, LOST):
+                assert job.unseat_at is not None
 
     @invariant()
     def tokens_only_grow(self):

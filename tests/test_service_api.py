@@ -209,7 +209,7 @@ def test_a_job_that_does_not_fit_the_ray_cluster_waits_and_is_placed_when_nodes_
         for name in ("first", "mate"):
             httpx.delete(service.url + f"/v1/jobs/{name}", headers=service.auth)
         placed = get(service, "/v1/jobs/loner").json()
-        assert placed["state"] == "placed" and placed["reason"] == ""
+        assert placed["state"] == "placed" and placed["reason"].startswith("waiting for its driver")
         kinds = [e["kind"] for e in get(service, "/v1/jobs/loner/events").json()]
         assert kinds == ["submitted", "placed"]
         history = [(n["pool"], n["held"]) for n in get(service, "/v1/nodes/log").json()]

@@ -77,6 +77,23 @@ def test_one_writer_at_a_time(url):
     acquire_writer_lock(Store(url).engine, "http://second:8765").release()
 
 
+def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    store = Store(f"sqlite:///{path}")
+    state = ControlState(Cluster(), make_policy("rollmux"))
+    state.submit(JobSpec("a", PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=3.0), {"kind": "external"}, 0.0)
+    store.apply([state.drain()])
+    store.engine.dispose()
+    with sqlite3.connect(path) as old:  # as schema 5 left it: no parked column
+        old.execute("ALTER TABLE jobs DROP COLUMN parked")
+        old.execute("UPDATE meta SET value = '5' WHERE key = 'schema'")
+    again = Store(f"sqlite:///{path}")
+    (record,) = again.load().jobs
+    assert record.job.name == "a" and record.job.state == "placed" and not record.job.parked
+
+
 def test_a_database_of_another_version_is_refused(tmp_path):
     import sqlite3
 

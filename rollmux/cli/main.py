@@ -579,6 +579,16 @@ def serve(
     lease_s: Annotated[
         float, typer.Option(min=0.5, max=3600, help="A session not heard from for this long is lost")
     ] = 10.0,
+    lost_grace_s: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            max=7 * 86_400,
+            help="A job placed or lost without a session for this long stops holding its nodes: an external "
+            "one is unseated until its driver returns, a RollMux one restarted "
+            "(default: 6 leases, at least 60 s)",
+        ),
+    ] = None,
     host_memory_gb: Annotated[float, typer.Option(min=0.001, help="Residency limit per node for roles")] = 8.0,
     rollout_gpus: Annotated[float, typer.Option(min=0, max=64, help="GPUs each rollout worker asks Ray for")] = 0,
     train_gpus: Annotated[float, typer.Option(min=0, max=64, help="GPUs each training worker asks Ray for")] = 0,
@@ -633,6 +643,7 @@ def serve(
         rollout_nodes=rollout_nodes,
         train_nodes=train_nodes,
         lease_s=lease_s,
+        lost_grace_s=lost_grace_s,
         host_memory_gb=host_memory_gb,
         gpus_per_node={Pool.ROLLOUT: rollout_gpus, Pool.TRAIN: train_gpus},
         advertise_url=advertise_url,

@@ -16,6 +16,15 @@ renewed within ``lease_s`` is ``lost``: its grant is revoked, it leaves the turn
 rest of its group goes on; a new session (the next epoch) brings it back. Every grant
 carries the job's epoch and a fencing token that grows with every grant, so calls from an
 expired incarnation are refused here and by the workers.
+
+No job keeps nodes it does not use for long: one seated without a session (``placed`` and
+never started, or ``lost``) for ``lost_grace_s`` is, if its owner runs it (``external``),
+*unseated*: its nodes are released, its cost stops and it is ``pending`` again, but parked
+out of the admission queue (re-seating it would bill it again for nothing) until its driver
+asks for a session; if RollMux runs it, it is lost and restarted like any lost job, so its
+``max_restarts`` bound it. A restart that follows another without the job having run in
+between waits an exponential back-off (:func:`restart_delay`): a platform failing over and
+over is not hammered, and a job that fails once in a while restarts at once each time.
 """
 
 from __future__ import annotations
@@ -58,6 +67,29 @@ moved by more than this share."""
 ROBUST_SIGMA = 1.4826
 """The median absolute deviation times this is the standard deviation of normal samples."""
 HOUR = 3600.0
+MIN_LOST_GRACE_S = 60.0
+LEASES_OF_GRACE = 6
+"""By default a job may sit seated without a session for this many leases (at least
+``MIN_LOST_GRACE_S``): long enough for a driver to restart or reconnect after a lost lease,
+short enough that nodes held for nobody are not paid for long."""
+RESTART_BACKOFF_S = 1.0
+MAX_RESTART_BACKOFF_S = 60.0
+
+
+def default_lost_grace(lease_s: float) -> float:
+    """How long a job may sit seated without a session when no grace is configured."""
+    return max(MIN_LOST_GRACE_S, LEASES_OF_GRACE * lease_s)
+
+
+def restart_delay(in_a_row: int) -> float:
+    """Seconds a counted restart waits before its driver starts, the ``in_a_row``-th since the
+    job last ran: none for the first (a dead worker or node is replaced at once, and a
+    standby takes over in well under a second), then 1, 2, 4 … s, at most a minute, so a
+    platform that keeps failing (memory pressure, a node going up and down) gets time to
+    recover between attempts."""
+    if in_a_row <= 1:
+        return 0.0
+    return min(RESTART_BACKOFF_S * 2 ** (in_a_row - 2), MAX_RESTART_BACKOFF_S)
 
 
 @dataclass(frozen=True)
@@ -195,7 +227,19 @@ class Job:
     cycles: int = 0
     """Meta-iterations completed in its current group's turns (its place in their cycle)."""
     restarts: int = 0
-    """Restarts charged to the job (its session was lost)."""
+    """Restarts charged to the job (its session was lost, or the platform failed under it)."""
+    restarts_in_a_row: int = 0
+    """Counted restarts since it last joined its turns: what its back-off grows with."""
+    restart_at: float | None = None
+    """Its driver is not started again before then (restart back-off; neither is persisted:
+    a restarted control plane starts it at once)."""
+    unseat_at: float | None = None
+    """Seated without a session (placed or lost): when it stops holding its nodes unless a
+    session begins (not persisted: a restarted control plane gives a full grace again, as it
+    gives live sessions a fresh lease)."""
+    parked: bool = False
+    """Pending after it was unseated: out of the admission queue until its driver asks for a
+    session."""
     launch: int = 0
     """How many times a driver was started again (charged or not): names each incarnation."""
     lease_until: float = 0.0
@@ -218,9 +262,19 @@ class Job:
     starts it again)."""
 
     @property
+    def managed(self) -> bool:
+        """RollMux starts and restarts its driver (else its owner runs it): the one thing the
+        core reads of its program, as the two are bounded differently when they idle."""
+        return self.program.get("kind", "external") != "external"
+
+    @property
     def in_turns(self) -> bool:
         """Running in its group's turns (a moving job is not, until its state has landed)."""
         return self.state == RUNNING and self.move is None
+
+    def backing_off(self, now: float) -> bool:
+        """Its restart waits out its back-off at ``now``: its driver is not started yet."""
+        return self.restart_at is not None and now < self.restart_at
 
     @property
     def unstarted(self) -> bool:
@@ -287,11 +341,20 @@ class Snapshot:
 class ControlState:
     """Jobs, groups and who may run which phase now, for the one control plane."""
 
-    def __init__(self, cluster: Cluster, policy: Policy, lease_s: float = 10.0, capacity: Capacity | None = None):
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: Policy,
+        lease_s: float = 10.0,
+        capacity: Capacity | None = None,
+        lost_grace_s: float | None = None,
+    ):
         self.cluster = cluster
         self.policy = policy
         self.lease_s = lease_s
         self.capacity = capacity or Capacity()
+        self.lost_grace_s = default_lost_grace(lease_s) if lost_grace_s is None else lost_grace_s
+        """How long a job may sit seated without a session (see the module's docstring)."""
         self.jobs: dict[str, Job] = {}
         self.queue: list[str] = []
         self.turns: dict[int, CyclicTurns] = {}
@@ -357,12 +420,21 @@ class ControlState:
             placement = self.cluster.commit(candidate)
             self._nodes_changed(placement.added_nodes, now, held=True)
             self.queue.pop(0)
-            job.state, job.reason, job.placed_at = PLACED, "", now
+            job.state, job.placed_at, job.unseat_at = PLACED, now, now + self.lost_grace_s
+            job.reason = "" if job.managed else self._awaiting_driver()
             self._touch(job)
             self._touch_group(self.cluster.group_of(job.name).id)
             self._event(job.name, now, "placed", f"group {self.cluster.group_of(job.name).id} ({candidate.kind.value})")
             placed.append(job.name)
         return placed
+
+    def _awaiting_driver(self) -> str:
+        """Why a placed external job does not run (shown from submission on: nothing here
+        will ever start it)."""
+        return (
+            "waiting for its driver: an external job runs only when its owner opens a session "
+            f"(its nodes are released if none begins within {self.lost_grace_s:g} s)"
+        )
 
     def set_capacity(self, capacity: Capacity, now: float) -> list[str]:
         """The cluster offers a different number of nodes; queued jobs may now fit."""
@@ -375,15 +447,28 @@ class ControlState:
         """A new incarnation of the job (its driver started or restarted): the next epoch
         and a fresh lease. Whatever an older incarnation held is revoked."""
         job = self._live(name)
+        if job.parked:
+            self._requeue(job, now)
         if job.state == PENDING:
             raise PhaseOrderError(f"job {name} is pending ({job.reason or 'queued'}): it is not placed yet")
         self._leave_turns(job, now, STARTING, "superseded by a new session")
         job.epoch += 1
         job.lease_until = now + self.lease_s
-        job.reason = ""
+        job.reason, job.unseat_at, job.restart_at = "", None, None
         self._touch(job)
         self._event(name, now, "session", f"epoch {job.epoch} {driver}".strip())
         return job
+
+    def _requeue(self, job: Job, now: float) -> None:
+        """An unseated job's driver asks for a session: it re-enters admission in its place
+        (priority, then submission order), and is seated now if the cluster has room."""
+        job.parked = False
+        job.reason = "queued: its driver asked for a session; it is placed when the cluster has room"
+        self.queue.append(job.name)
+        self.queue.sort(key=lambda name: (-self.jobs[name].priority, self.jobs[name].seq))
+        self._touch(job)
+        self._event(job.name, now, "requeued", "its driver asked for a session")
+        self.admit(now)
 
     def activate(self, name: str, epoch: int, iteration: int | None, now: float, restored: str | None = None) -> Job:
         """The job's roles are loaded: it joins its group's turns, resuming at ``iteration``
@@ -394,7 +479,7 @@ class ControlState:
             return job
         if iteration is not None:
             job.iteration = iteration
-        job.state, job.next_phase = RUNNING, ROLLOUT
+        job.state, job.next_phase, job.restarts_in_a_row = RUNNING, ROLLOUT, 0
         group = self.cluster.group_of(name)
         self._rebuild_turns(group)
         self._touch(job)
@@ -406,6 +491,15 @@ class ControlState:
     def claim(self, name: str) -> None:
         """Its driver is about to start on its seat, which regrouping no longer changes."""
         self._live(name).claimed = True
+
+    def launching(self, name: str, now: float) -> None:
+        """The launch of a placed job's driver made progress (its nodes are ready, its
+        driver started): its grace counts from now, so a launch that is slow but moving (a
+        worker replaced, a driver process started, on a busy host) is not taken for one
+        that hangs."""
+        job = self._live(name)
+        if job.state == PLACED:
+            job.unseat_at = now + self.lost_grace_s
 
     def explain(self, name: str, reason: str) -> None:
         """Say why a job is not progressing (shown with its state) without changing it."""
@@ -471,30 +565,64 @@ class ControlState:
         self._delta.metrics.append(MetricsEntry(name, iteration, dict(metrics)))
 
     def expire(self, now: float) -> list[str]:
-        """Sessions whose lease ran out are lost: grants revoked, out of the turns."""
+        """The deadlines that passed by ``now``: sessions whose lease ran out are lost
+        (grants revoked, out of the turns); jobs seated without a session for
+        ``lost_grace_s`` stop holding their nodes — an external one is unseated and parked,
+        a managed one is lost (its host restarts it, counted, as after any loss). Returns
+        the jobs lost now."""
         lost = [j.name for j in self.jobs.values() if j.state in SESSION_STATES and j.lease_until < now]
         for name in lost:
             self.lose(name, now, f"lease expired: no heartbeat for {self.lease_s:g} s (epoch {self.jobs[name].epoch})")
+        idle = [j for j in self.jobs.values() if j.state in (PLACED, LOST) and j.unseat_at is not None]
+        for job in [j for j in idle if j.unseat_at < now]:
+            if not job.managed:
+                self._park(job, now)
+                continue
+            if job.state == PLACED:
+                waiting = f" ({job.reason})" if job.reason else ""
+                self.lose(job.name, now, f"no session began within {self.lost_grace_s:g} s{waiting}")
+            lost.append(job.name)
         return lost
+
+    def _park(self, job: Job, now: float) -> None:
+        """Unseat an external job nobody runs: its nodes are released and its cost stops; it
+        is pending, out of the admission queue, until its driver asks for a session."""
+        grace = f"{self.lost_grace_s:g} s"
+        why = f"lost for {grace} ({job.reason})" if job.state == LOST else f"no driver came within {grace}"
+        job.cost_usd = self.cost_so_far(job, now)
+        self._unseat(job, now, PENDING)
+        job.parked, job.placed_at, job.unseat_at = True, None, None
+        job.reason = f"{why}: unseated, its nodes released; it is placed again when its driver opens a session"
+        self._event(job.name, now, "unseated", job.reason)
+        self.admit(now)
 
     def lose(self, name: str, now: float, reason: str) -> None:
         """The job's session is gone (lease expired, or its driver is known dead): its grant
-        is revoked and it leaves the turns; the rest of its group goes on."""
+        is revoked and it leaves the turns; the rest of its group goes on. It keeps its seat
+        for ``lost_grace_s`` (see :meth:`expire`)."""
         job = self._live(name)
         self._leave_turns(job, now, LOST, reason)
-        job.reason = reason
+        job.reason, job.unseat_at = reason, now + self.lost_grace_s
         self._event(name, now, "lost", reason)
 
     def restart(self, name: str, now: float, counted: bool = True) -> bool:
-        """A lost job gets a new driver, if it has restarts left; else it fails (and leaves).
-        ``counted=False``: the job is not at fault (the control plane itself restarted)."""
+        """A lost job gets a new driver, if it has restarts left, after its back-off
+        (:func:`restart_delay` of its restarts since it last ran; :attr:`Job.restart_at`);
+        else it fails (and leaves).
+        ``counted=False``: the job is not at fault (the control plane itself restarted), and
+        starts again at once."""
         job = self._live(name)
         job.restarts += int(counted)
         job.launch += 1
         if job.restarts > job.max_restarts:
             self.end(name, FAILED, now, f"lost {job.restarts} times (max_restarts {job.max_restarts}): {job.reason}")
             return False
-        job.state, job.reason = PLACED, f"restart {job.restarts}/{job.max_restarts} after: {job.reason}"
+        job.restarts_in_a_row += int(counted)
+        delay = restart_delay(job.restarts_in_a_row) if counted else 0.0
+        job.restart_at = now + delay if delay else None
+        job.unseat_at = now + delay + self.lost_grace_s
+        wait = f" in {delay:g} s" if delay else ""
+        job.state, job.reason = PLACED, f"restart {job.restarts}/{job.max_restarts}{wait} after: {job.reason}"
         self._touch(job)
         self._event(name, now, "restart", job.reason)
         return True
@@ -505,7 +633,8 @@ class ControlState:
         job = self._live(name)
         removal = None
         if job.state == PENDING:
-            self.queue.remove(name)
+            if name in self.queue:  # a parked job is not queued
+                self.queue.remove(name)
         else:
             job.cost_usd = self.cost_so_far(job, now)
             removal = self._unseat(job, now, state)
@@ -817,9 +946,12 @@ class ControlState:
         now: float,
         lease_s: float = 10.0,
         capacity: Capacity | None = None,
+        lost_grace_s: float | None = None,
     ) -> ControlState:
         """The state as the store holds it. Live sessions get a fresh lease (their holders
-        may be alive and reconnecting); held grants stay held, so nothing is granted twice."""
+        may be alive and reconnecting), and jobs seated without one a full grace (no driver
+        could reach a control plane that was down); held grants stay held, so nothing is
+        granted twice; unseated jobs stay parked."""
         records = sorted(snapshot.jobs, key=lambda r: r.job.seq)
         members: dict[int, list[Member]] = {}
         for r in records:
@@ -841,15 +973,17 @@ class ControlState:
         cluster = Cluster.restore(
             cost, planning, groups, node_pool, counters.get("next_node", 0), counters.get("next_group", 0)
         )
-        state = cls(cluster, policy, lease_s, capacity)
+        state = cls(cluster, policy, lease_s, capacity, lost_grace_s)
         state.next_seq = counters.get("next_seq", 0)
         state.next_token = counters.get("next_token", 0)
         for r in records:
-            job = replace(r.job, request=None)
+            job = replace(r.job, request=None, restart_at=None, unseat_at=None, restarts_in_a_row=0)
             if job.state in SESSION_STATES:
                 job.lease_until = now + lease_s
+            if job.state in (PLACED, LOST):
+                job.unseat_at = now + state.lost_grace_s
             state.jobs[job.name] = job
-            if job.state == PENDING:
+            if job.state == PENDING and not job.parked:
                 state.queue.append(job.name)
         state.queue.sort(key=lambda n: (-state.jobs[n].priority, state.jobs[n].seq))
         cycles = {name: job.cycles for name, job in state.jobs.items()}  # rebuilding turns resets them
@@ -882,7 +1016,7 @@ class ControlState:
         job = self._live(name)
         if epoch != job.epoch:
             raise StaleEpoch(f"job {name}: epoch {epoch} is stale, the job is at epoch {job.epoch}")
-        if job.state == LOST:
+        if job.state == LOST or job.parked:
             raise StaleEpoch(f"job {name}: session {epoch} is over ({job.reason}); begin a new one")
         if job.state not in SESSION_STATES:
             raise PhaseOrderError(f"job {name} is not active ({job.state}): begin a session and activate it first")

@@ -62,7 +62,9 @@ class JobSubmission(PlanJob):
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the job program")
     iterations: int | None = Field(default=None, ge=1, le=10_000_000)
     grpo: GRPOFields | None = None
-    max_restarts: int = Field(default=3, ge=0, le=100, description="restarts after a lost lease before it fails")
+    max_restarts: int = Field(
+        default=3, ge=0, le=100, description="restarts after a lost session or a platform failure before it fails"
+    )
     checkpoint_every: int = Field(default=1, ge=1, le=1_000_000, description="iterations between checkpoints")
     replicas: Literal[0, 1] = Field(
         default=0, description="1: a copy of the trainer kept on a buddy node of the pool after every training phase"

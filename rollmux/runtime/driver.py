@@ -9,8 +9,11 @@ the next one, so a job starts without starting a process.
 A driver begins a session (the next epoch, a lease kept alive by heartbeats), loads the
 job's roles on its nodes' workers, joins its group's turns from the iteration its
 checkpoint reached, and runs the job program. It ends the job when the program returns
-(done) or raises (failed, with the cause). A driver whose session was fenced out (a newer
-incarnation exists) stops without touching the job.
+(done) or raises (failed, with the cause), unless what it raised is the platform's (a
+worker or object lost, a process killed by Ray's memory monitor: see
+:mod:`rollmux.runtime.platform`): then it stops without ending the job, which the control
+plane restarts. A driver whose session was fenced out (a newer incarnation exists) stops
+without touching the job.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from rollmux.core.errors import StaleEpoch
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.runtime.nodes import NAMESPACE, buddy_of, worker_of
+from rollmux.runtime.platform import platform_failure
 from rollmux.runtime.program import JobContext, load_program
 from rollmux.runtime.session import Session, attach
 from rollmux.service.client import Client, ServiceError, TurnSession
@@ -90,11 +94,13 @@ def drive(url: str, token: str, job: str) -> str:
         program.run(session)
     except StaleEpoch as fenced:
         return f"fenced: {fenced}"
-    except ray.exceptions.RayActorError as gone:
-        # A worker died: not the job's fault. Without heartbeats its lease expires and
-        # the control plane restarts it from its checkpoint on a fresh worker.
-        return f"lost: {gone}"
     except BaseException as failure:
+        gone = platform_failure(failure)
+        if gone is not None:
+            # A worker, node or object was lost, or the memory monitor killed a process: not
+            # the job's fault. The control plane sees this driver end (at the latest, its
+            # lease expire) and restarts the job from its checkpoint on a fresh worker.
+            return f"lost: {type(gone).__name__}: {str(gone).splitlines()[0] if str(gone) else ''}"
         return _end(turns, _describe(failure))
     else:
         return _end(turns, "")

@@ -29,8 +29,10 @@ from rollmux.runtime.nodes import (
     named_buddies,
     worker_of,
 )
+from rollmux.runtime.platform import platform_failure
 from rollmux.runtime.warm import WarmOptions
 from rollmux.service.failpoints import failpoint
+from rollmux.service.tasks import describe, spawn
 
 log = logging.getLogger("rollmux.executor")
 STANDBY_CHECK_S = 5.0
@@ -113,7 +115,7 @@ class RayExecutor:
         if self.warm.spare_workers or self.warm.standby_workers:
             await asyncio.to_thread(self.nodes.top_up)
         if self.warm.standby_workers and self._watch is None:
-            self._watch = asyncio.create_task(self._watch_standbys(), name="standbys")
+            self._watch = spawn(self._watch_standbys(), "watching the standby workers")
         idle = [h.handle.pid.remote() for h in self.hosts.values() if not h.drivers]
         warm = itertools.chain(*self.nodes.spares.values(), *self.nodes.standbys.values())
         spares = [s.worker.where.remote() for s in warm]
@@ -129,7 +131,7 @@ class RayExecutor:
         """Start standbys in the background where a pool has fewer than it keeps (one took a
         dead node over), on units no node holds."""
         if self.nodes.short_of_standbys() and self._discovered and self._refill is None:
-            self._refill = asyncio.create_task(self._provision_standbys(), name="standby")
+            self._refill = spawn(self._provision_standbys(), "starting a standby worker")
 
     async def _watch_standbys(self) -> None:
         """Every few seconds, a standby that died is replaced: the buddy that keeps the
@@ -178,7 +180,8 @@ class RayExecutor:
 
     async def start_driver(self, job: str, incarnation: int) -> None:
         """Run the job's driver in a warm driver process with room for it (one is started if
-        none has), then start a spare for the next job."""
+        none has), then start a spare for the next job (the job's start does not depend on it)."""
+        failpoint("executor:start-driver")
         await self._stop(job)
         if not self._discovered:
             await self._discover()
@@ -187,7 +190,10 @@ class RayExecutor:
         ended = asyncio.ensure_future(host.handle.run.remote(self.url, self.token, job, incarnation))
         ended.add_done_callback(lambda done, host=host: self._driver_gone(host, job, incarnation, done))
         self.drivers[job] = (incarnation, host, ended)
-        await self._spare_hosts()
+        try:
+            await self._spare_hosts()
+        except Exception as error:  # noqa: BLE001 - Ray short of memory or busy: the next start tries again
+            log.warning("starting a spare driver process failed: %s", describe(error))
 
     def _host_with_room(self) -> _Host | None:
         """The fullest host with room: shared hosts fill up, and empty ones stay spare."""
@@ -206,10 +212,11 @@ class RayExecutor:
             await self._new_host()
 
     def _driver_gone(self, host: _Host, job: str, incarnation: int, ended: asyncio.Future) -> None:
-        """The driver's thread ended: its slot is free. If its process died, the host is gone."""
+        """The driver's thread ended: its slot is free. If its process died (killed, or by
+        Ray's memory monitor), the host is gone."""
         if host.drivers.get(job) == incarnation:
             del host.drivers[job]
-        if not ended.cancelled() and isinstance(ended.exception(), ray.exceptions.RayActorError):
+        if not ended.cancelled() and ended.exception() is not None and platform_failure(ended.exception()):
             self.hosts.pop(host.name, None)
 
     async def driver_alive(self, job: str, incarnation: int) -> bool:
@@ -240,12 +247,14 @@ class RayExecutor:
         await asyncio.to_thread(self.nodes.adopt_spares)
 
     async def driver_ended(self, job: str, incarnation: int) -> str:
+        """How the driver ended: what it returned, or what Ray said of its process (killed,
+        by an operator or Ray's memory monitor, or lost with its node)."""
         if job not in self.drivers or self.drivers[job][0] != incarnation or self.drivers[job][2] is None:
             return "not started here"
         try:
             return await asyncio.shield(self.drivers[job][2])
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
-            return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        except ray.exceptions.RayError as error:
+            return describe(error)
 
     async def driver_pid(self, job: str) -> int:
         """The process id of the job's current driver (for operators and failure tests)."""

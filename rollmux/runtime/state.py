@@ -271,12 +271,16 @@ class RoleState:
         previous checkpoint or the new one, never half of one.
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         payload = {"module": self.module.state_dict(), "extra": extra or {}}
         if self.optimizer is not None:
             payload["optimizer"] = self.optimizer.state_dict()
         temporary = path.with_name(path.name + ".tmp")
-        with temporary.open("wb") as handle:
+        # Owner-only, whatever the worker's umask (or a temporary file a crash left): a
+        # checkpoint lives in the control plane's private state folder.
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
             torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -62,6 +62,20 @@ class JobView(BaseModel):
     iterations: int
     epoch: int
     restarts: int
+    max_restarts: int = Field(default=3, description="restarts after a lost session or platform failure, then it fails")
+    restart_at: float | None = Field(
+        default=None, description="its next driver waits until then (back-off after repeated restarts)"
+    )
+    unseat_at: float | None = Field(
+        default=None,
+        description="seated without a session (placed or lost): its nodes are released then unless a session begins",
+    )
+    lost_grace_s: float | None = Field(
+        default=None, description="how long a live job may sit seated without a session (the control plane's setting)"
+    )
+    parked: bool = Field(
+        default=False, description="unseated after its grace: placed again only when its driver opens a session"
+    )
     phase: str | None
     metrics: dict[str, float] | None = Field(default=None, description="the last iteration's metrics")
     cost_usd: float

@@ -6,17 +6,18 @@ import os
 import secrets
 from pathlib import Path
 
+from rollmux.service.private import FILE_MODE, private_dir, private_file
+
 TOKEN_FILE = "token"
 
 
 def ensure_token(state_dir: Path) -> str:
     """Read the token, or create it (0600, in a 0700 folder) if this is the first start."""
-    state_dir = Path(state_dir)
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = state_dir / TOKEN_FILE
+    path = private_dir(state_dir) / TOKEN_FILE
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     except FileExistsError:
+        private_file(path)
         return read_token(state_dir)
     token = secrets.token_urlsafe(32)
     with os.fdopen(descriptor, "w") as handle:

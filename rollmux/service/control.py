@@ -5,9 +5,18 @@ Every operation changes the core's :class:`ControlState` on the event loop (no l
 thread mutates), drains the rows it changed into the journal and answers only once they
 are committed. Waiting for a turn is an ``asyncio`` event, not a thread, so a thousand
 waiting jobs cost nothing. Three background tasks keep the live system in line with the
-state: leases (lost sessions are revoked, managed jobs restarted), capacity (what Ray
-offers; queued jobs are admitted as it frees) and reconciliation (the executor provisions
-the nodes the state holds and starts the drivers of placed jobs).
+state: leases (lost sessions are revoked, managed jobs restarted; jobs seated without a
+session past their grace stop holding nodes), capacity (what Ray offers; queued jobs are
+admitted as it frees) and reconciliation (the executor provisions the nodes the state holds
+and starts the drivers of placed jobs, each once its restart back-off is over).
+
+A failure of the platform under a managed job — its nodes' workers did not come up, its
+driver could not be started, its driver's process or a worker died (Ray's memory monitor
+kills them under memory pressure) — loses the job and restarts it, counted against its
+``max_restarts``, never fails it outright; only the job's own code failing (its driver
+reports the error) ends it ``failed``. Every task started here is observed
+(:mod:`rollmux.service.tasks`): an exception is logged with the job and what was being done,
+and handled.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.failpoints import failpoint
 from rollmux.service.journal import Journal
 from rollmux.service.store import Store
+from rollmux.service.tasks import abandon, describe, spawn
 
 log = logging.getLogger("rollmux.control")
 NODES_PATIENCE_S = 20.0
@@ -147,6 +157,8 @@ class ControlOptions:
     planning: Planning = DEFAULT_PLANNING
     cost: CostModel = field(default_factory=CostModel)
     lease_s: float = 10.0
+    lost_grace_s: float | None = None
+    """How long a job may sit seated without a session (None: ``default_lost_grace``)."""
     capacity: Capacity = field(default_factory=Capacity)
     """Static capacity, used when the executor does not report one (no Ray)."""
     checkpoint_dir: Path = Path("checkpoints")
@@ -185,6 +197,7 @@ class ControlPlane:
             self.clock(),
             options.lease_s,
             options.capacity,
+            options.lost_grace_s,
         )
         self.journal = Journal(store, self._fail_stop)
         self.waiters: dict[str, asyncio.Event] = {}
@@ -200,7 +213,11 @@ class ControlPlane:
         """Set by an arrival, start or departure: the next regrouping round runs at once
         (a placed job's driver waits for it), not at the next poll."""
         self._tasks: list[asyncio.Task] = []
+        self._relaunch: tuple[float, asyncio.TimerHandle] | None = None
+        """When reconciling runs again for a restart waiting out its back-off, and its timer."""
         self._launches: dict[str, asyncio.Task] = {}
+        self._reserving: dict[str, asyncio.Future] = {}
+        """Each job's launch waiting for its nodes: a newer launch gives it up."""
         self._carrying: dict[str, asyncio.Task] = {}
         self._syncing = asyncio.Lock()
         self._regroup_due = options.regroup is not None
@@ -232,10 +249,10 @@ class ControlPlane:
         await self._sync_nodes()
         await self.executor.warm_up()
         self._tasks = [
-            asyncio.create_task(self._expire_forever(), name="leases"),
-            asyncio.create_task(self._reconcile_forever(), name="reconcile"),
-            asyncio.create_task(self._watch_capacity(), name="capacity"),
-            asyncio.create_task(self._regroup_forever(), name="regroup"),
+            spawn(self._expire_forever(), "watching leases and graces"),
+            spawn(self._reconcile_forever(), "reconciling with the executor"),
+            spawn(self._watch_capacity(), "watching the capacity"),
+            spawn(self._regroup_forever(), "regrouping"),
         ]
         self._carry(self.state.movable())
         self._changed.set()
@@ -245,6 +262,8 @@ class ControlPlane:
         """Stop watching (so drivers stopped now are not taken for lost jobs), give the
         executor's nodes and drivers back, and finish writing."""
         self.ready = False
+        if self._relaunch is not None:
+            self._relaunch[1].cancel()
         tasks = [*self._tasks, *self._launches.values(), *self._carrying.values()]
         for task in tasks:
             task.cancel()
@@ -284,6 +303,8 @@ class ControlPlane:
         return [await self.view(job.name) for job in jobs], bool(fresh)
 
     def _refuse_unrunnable(self, job: JobSubmission) -> None:
+        """Refuse what nothing here could ever run (an external job is placed and labelled
+        instead: its owner runs it)."""
         if job.managed and not self.options.runs_jobs:
             raise RollMuxError(
                 f"job {job.name}: this control plane runs without Ray and cannot run a {job.kind} job; "
@@ -300,10 +321,13 @@ class ControlPlane:
 
     async def begin_session(self, name: str, driver: str) -> dict[str, Any]:
         """A new incarnation of the job (its ``driver`` process, for the events): epoch,
-        lease, seat, program and checkpoint path."""
+        lease, seat, program and checkpoint path. An unseated job re-enters admission; if it
+        must wait for room, that is committed and the call refused saying so."""
         await self._live(name)
-        job = self.state.begin_session(name, self.clock(), driver)
-        await self._persist()
+        try:
+            job = self.state.begin_session(name, self.clock(), driver)
+        finally:
+            await self._persist()
         seat = self.state.seat(name)
         return {
             "epoch": job.epoch,
@@ -419,6 +443,7 @@ class ControlPlane:
             view["buddy"] = self.buddies.get(job.name)
         view["metrics"] = self.last_metrics.get(job.name)
         view["cost_usd"] = self.state.cost_so_far(job, self.clock())
+        view["lost_grace_s"] = self.state.lost_grace_s
         return view
 
     async def phase_log(self, name: str | None, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
@@ -529,7 +554,7 @@ class ControlPlane:
         await self.journal.submit(delta)
         if (delta.jobs or delta.groups) and self._changed is not None:
             self._changed.set()
-        if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED) for e in delta.events):
+        if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED, "unseated") for e in delta.events):
             self._regroup_due = self.options.regroup is not None
             if self._regroup_now is not None:
                 self._regroup_now.set()
@@ -545,12 +570,19 @@ class ControlPlane:
         tick = min(0.25, self.options.lease_s / 10)
         while True:
             await asyncio.sleep(tick)
-            now = self.clock()
-            lost = self.state.expire(now)
-            for name in lost:
-                self._after_loss(name, now)
-            if lost:
-                await self._persist()
+            try:
+                await self._expire_once()
+            except Exception:  # noqa: BLE001 - the next tick tries again: leases must keep being watched
+                log.exception("checking leases and graces failed; retrying at the next tick")
+
+    async def _expire_once(self) -> None:
+        """Lose expired sessions, restart the managed jobs among them, unseat jobs idle past
+        their grace; commit."""
+        now = self.clock()
+        lost = self.state.expire(now)
+        for name in lost:
+            self._after_loss(name, now)
+        await self._persist()
 
     async def _lose(self, name: str, reason: str) -> None:
         """The job's session is gone for ``reason``: lost now (not a lease later), restarted
@@ -563,8 +595,7 @@ class ControlPlane:
     def _after_loss(self, name: str, now: float) -> None:
         """A managed job is restarted (if it has restarts left); an external one waits for
         its owner to begin a new session."""
-        job = self.state.jobs[name]
-        if job.program.get("kind", "external") != "external":
+        if self.state.jobs[name].managed:
             self.state.restart(name, now)
 
     async def _recover_drivers(self) -> None:
@@ -572,7 +603,7 @@ class ControlPlane:
         (not a lease later), and restarted without counting against their restarts."""
         now = self.clock()
         for job in list(self.state.jobs.values()):
-            if job.program.get("kind", "external") == "external" or job.state not in (*SESSION_STATES, LOST):
+            if not job.managed or job.state not in (*SESSION_STATES, LOST):
                 continue
             if job.state != LOST and await self.executor.driver_alive(job.name, job.launch):
                 self.launched[job.name] = job.launch
@@ -595,61 +626,111 @@ class ControlPlane:
                 self._changed.set()
 
     async def _reconcile(self) -> None:
-        """Provision the nodes the state holds, start drivers of placed managed jobs, stop
-        drivers of jobs that ended."""
+        """Provision the nodes the state holds, start drivers of placed managed jobs (once
+        their restart back-off is over), stop drivers of jobs that ended."""
         await self._sync_nodes()
+        now = self.clock()
         for job in list(self.state.jobs.values()):
-            managed = job.program.get("kind", "external") != "external"
-            if managed and job.state == PLACED and self.launched.get(job.name) != job.launch and self._settled(job):
-                self.launched[job.name] = job.launch
-                self.state.claim(job.name)
-                task = asyncio.create_task(self._launch(job.name, job.launch), name=f"launch-{job.name}")
-                self._launches[job.name] = task
-                task.add_done_callback(lambda done, name=job.name: self._forget_launch(name, done))
+            if not (job.managed and job.state == PLACED and self.launched.get(job.name) != job.launch):
+                continue
+            if job.backing_off(now):
+                self._reconcile_at(job.restart_at)
+            elif self._settled(job):
+                self._start_launch(job)
         for name in [n for n in self.launched if n not in self.state.jobs]:
             await self.executor.stop_driver(name, self.launched.pop(name))
+
+    def _start_launch(self, job: Job) -> None:
+        """Launch this incarnation of the job; a launch of an older one still waiting for
+        nodes that never came is given up (any other sees it is superseded and stops)."""
+        self.launched[job.name] = job.launch
+        self.state.claim(job.name)
+        older = self._reserving.pop(job.name, None)
+        if older is not None:
+            older.cancel()
+        name, incarnation = job.name, job.launch
+        task = spawn(
+            self._launch(name, incarnation),
+            f"launching job {name} (incarnation {incarnation})",
+            lambda error: self._launch_failed(name, incarnation, error),
+        )
+        self._launches[name] = task
+        task.add_done_callback(lambda done: self._forget_launch(name, done))
+
+    def _reconcile_at(self, at: float) -> None:
+        """Reconcile again at ``at`` (one timer, for the earliest such time)."""
+        if self._relaunch is not None and self._relaunch[0] <= at:
+            return
+        if self._relaunch is not None:
+            self._relaunch[1].cancel()
+        loop = asyncio.get_running_loop()
+        self._relaunch = (at, loop.call_later(max(at - self.clock(), 0.0), self._reconcile_now))
+
+    def _reconcile_now(self) -> None:
+        self._relaunch = None
+        if self._changed is not None:
+            self._changed.set()
 
     def _forget_launch(self, name: str, task: asyncio.Task) -> None:
         if self._launches.get(name) is task:
             del self._launches[name]
 
     async def _launch(self, name: str, incarnation: int) -> None:
+        """Ready the job's nodes, start its driver and watch it end. What fails on the way
+        is the platform's (the job's code has not run, or its driver died without saying
+        why): the job is lost and restarted, counted."""
         seat = self.state.seat(name)
         if seat is None:
             return
         nodes = (*seat.rollout_nodes, *seat.train_nodes)
-        reserved = asyncio.ensure_future(self.executor.wait_nodes(nodes))
-        done, _ = await asyncio.wait({reserved}, timeout=NODES_PATIENCE_S)
-        if not done and name in self.state.jobs:
-            self.state.explain(name, f"waiting for Ray to reserve node(s) {', '.join(map(str, nodes))}")
-            await self._persist()
+        reserved = self._reserving[name] = asyncio.ensure_future(self.executor.wait_nodes(nodes))
         try:
+            done, _ = await asyncio.wait({reserved}, timeout=NODES_PATIENCE_S)
+            if not done and name in self.state.jobs:
+                self.state.explain(name, f"waiting for Ray to reserve node(s) {', '.join(map(str, nodes))}")
+                await self._persist()
             await reserved
         except KeyError:
             return  # its nodes were released meanwhile: it ended before it could start
         except Exception as error:  # noqa: BLE001 - a node's new worker died too: try again, counted
-            log.warning("nodes of %s are not ready: %s", name, str(error).splitlines()[0])
-            job = self.state.jobs.get(name)
-            if job is not None and job.launch == incarnation and job.state == PLACED:
-                await self._lose(name, f"its nodes did not come up: {str(error).splitlines()[0]}")
+            log.warning("nodes of %s are not ready: %s", name, describe(error))
+            await self._platform_failed(name, incarnation, f"its nodes did not come up: {describe(error)}")
             return
-        job = self.state.jobs.get(name)
-        if job is None or job.state != PLACED or job.launch != incarnation:
+        finally:
+            if self._reserving.get(name) is reserved:
+                del self._reserving[name]
+            abandon(reserved)  # cancelled with the launch (stop, or a newer launch): nobody waits for it
+        if not self._current(name, incarnation, (PLACED,)):
             return
+        self.state.launching(name, self.clock())
         try:
             await self.executor.start_driver(name, incarnation)
-        except Exception as error:  # noqa: BLE001 - any failure to start is the job's failure, reported
-            log.warning("driver of %s did not start: %s", name, error)
-            if name in self.state.jobs:
-                self.state.end(name, FAILED, self.clock(), f"driver did not start: {error}")
-                await self._persist()
+        except Exception as error:  # noqa: BLE001 - nothing of the job ran yet: the platform's failure
+            log.warning("driver of %s did not start: %s", name, describe(error))
+            await self._platform_failed(name, incarnation, f"its driver did not start: {describe(error)}")
             return
+        if self._current(name, incarnation, (PLACED,)):
+            self.state.launching(name, self.clock())
         outcome = await self.executor.driver_ended(name, incarnation)
+        # Its driver is gone without ending the job (process killed, crashed before its
+        # session, gave up on an unreachable control plane): no need to wait for a lease.
+        await self._platform_failed(name, incarnation, f"its driver ended: {outcome}")
+
+    async def _launch_failed(self, name: str, incarnation: int, error: BaseException) -> None:
+        """A launch raised what it does not expect (a bug, or Ray failing in a new way): the
+        job is not left placed with nobody starting it."""
+        await self._platform_failed(name, incarnation, f"its launch failed: {describe(error)}")
+
+    def _current(self, name: str, incarnation: int, states: tuple[str, ...]) -> bool:
+        """The job is live, in one of ``states``, and this incarnation is still its own."""
         job = self.state.jobs.get(name)
-        if job is not None and job.launch == incarnation and job.state in (PLACED, *SESSION_STATES):
-            # Its driver is gone without ending the job (process killed, crashed before its
-            # session, gave up on an unreachable control plane): no need to wait for a lease.
-            await self._lose(name, f"its driver ended: {outcome}")
+        return job is not None and job.launch == incarnation and job.state in states
+
+    async def _platform_failed(self, name: str, incarnation: int, reason: str) -> None:
+        """Lose and restart (counted) the job if that incarnation is still its own and has
+        not ended it."""
+        if self._current(name, incarnation, (PLACED, *SESSION_STATES)):
+            await self._lose(name, reason)
 
     # --- moving running jobs ----------------------------------------------------------------
 
@@ -760,21 +841,34 @@ class ControlPlane:
             await self._sync_nodes()
             ready = asyncio.ensure_future(self.executor.wait_nodes(tuple(ids)))
             done, _ = await asyncio.wait({ready}, timeout=NODES_PATIENCE_S)
-            if (done and ready.exception() is not None) or not self._still_movable(plan, snapshot):
+            if done and ready.exception() is not None:
+                log.warning("the new nodes of a regrouping did not come up: %s", describe(ready.exception()))
+                return []
+            if not self._still_movable(plan, snapshot):
                 return []
             return self.state.start_regroup(plan, self.clock(), ids)
         finally:
             self._warming = {}
-            if ready is not None and not ready.done():
-                ready.cancel()  # still readying (Ray slow, or shutting down): the moves' carriers wait
+            if ready is not None:
+                abandon(ready)  # still readying (Ray slow, or shutting down): the moves' carriers wait
 
     def _carry(self, names: Iterable[str]) -> None:
         """Carry over the state of moving jobs that reached their phase boundary."""
         for name in names:
             if name not in self._carrying:
-                task = asyncio.create_task(self._carry_one(name), name=f"move-{name}")
+                task = spawn(
+                    self._carry_one(name),
+                    f"carrying job {name}'s state to its new nodes",
+                    lambda error, name=name: self._carry_failed(name, error),
+                )
                 self._carrying[name] = task
                 task.add_done_callback(lambda _, name=name: self._carrying.pop(name, None))
+
+    async def _carry_failed(self, name: str, error: BaseException) -> None:
+        """A carrier raised what it does not expect: the job is not left half-moved."""
+        job = self.state.jobs.get(name)
+        if job is not None and job.move is not None:
+            await self._lose(name, f"its move failed: {describe(error)}")
 
     async def _carry_one(self, name: str) -> None:
         job = self.state.jobs.get(name)
@@ -789,8 +883,7 @@ class ControlPlane:
         failpoint("move:before-transfer")
         try:
             await self._sync_nodes()
-            external = job.program.get("kind", "external") == "external"
-            moved = 0 if external else await self.executor.transfer(name, epoch, pairs)
+            moved = await self.executor.transfer(name, epoch, pairs) if job.managed else 0
         except Exception as error:  # noqa: BLE001 - whatever broke, the job's state did not land
             job = self.state.jobs.get(name)
             if job is None or job.move != move or job.epoch != epoch:
@@ -835,10 +928,13 @@ class ControlPlane:
     async def _watch_capacity(self) -> None:
         while True:
             await asyncio.sleep(self.options.capacity_poll_s)
-            capacity = await self.executor.capacity()
-            if capacity is not None and capacity != self.state.capacity:
-                self.state.set_capacity(capacity, self.clock())
-                await self._persist()
+            try:
+                capacity = await self.executor.capacity()
+                if capacity is not None and capacity != self.state.capacity:
+                    self.state.set_capacity(capacity, self.clock())
+                    await self._persist()
+            except Exception:  # noqa: BLE001 - Ray busy or restarting: the next poll asks again
+                log.exception("reading the capacity failed; asking again at the next poll")
 
 
 def steady_wall_clock() -> Callable[[], float]:
@@ -864,6 +960,10 @@ def _record_view(record: JobRecord) -> dict[str, Any]:
         "iterations": job.iteration,
         "epoch": job.epoch,
         "restarts": job.restarts,
+        "max_restarts": job.max_restarts,
+        "restart_at": job.restart_at,
+        "unseat_at": job.unseat_at,
+        "parked": job.parked,
         "phase": None,
         "metrics": None,
         "cost_usd": job.cost_usd,

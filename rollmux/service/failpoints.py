@@ -5,7 +5,10 @@ there loses nothing.
 failpoint ``name`` (as an operator's ``kill -9`` would, with no cleanup); unset, a
 failpoint is a dictionary lookup. Every process started with the variable has it armed
 (each worker, each restarted service); with ``ROLLMUX_FAILPOINT_ONCE=path`` it fires in
-the first process that creates ``path`` only, so one crash is injected, not one per process.
+the first process that creates ``path`` only, so one crash is injected, not one per process
+(a test re-arms it by removing ``path``). With ``ROLLMUX_FAILPOINT_RAISE=OutOfMemoryError``
+(any class of ``ray.exceptions``) it raises that error instead, as Ray does to whoever
+waited on a process its memory monitor killed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import signal
 VARIABLE = "ROLLMUX_FAILPOINT"
 ONCE_VARIABLE = "ROLLMUX_FAILPOINT_ONCE"
 SKIP_VARIABLE = "ROLLMUX_FAILPOINT_SKIP"
+RAISE_VARIABLE = "ROLLMUX_FAILPOINT_RAISE"
 _passed: dict[str, int] = {}
 
 
@@ -24,7 +28,17 @@ def failpoint(name: str) -> None:
         return
     _passed[name] = _passed.get(name, 0) + 1
     if _passed[name] > int(os.environ.get(SKIP_VARIABLE, "0")) and _first_anywhere():
+        error = os.environ.get(RAISE_VARIABLE)
+        if error:
+            raise _ray_error(error, name)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ray_error(kind: str, name: str) -> Exception:
+    """The Ray error ``kind``, as Ray raises it, saying which failpoint raised it."""
+    import ray.exceptions  # only processes that run Ray raise its errors
+
+    return getattr(ray.exceptions, kind)(f"simulated by failpoint {name}: the process was killed (e.g. out of memory)")
 
 
 def _first_anywhere() -> bool:

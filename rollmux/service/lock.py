@@ -21,6 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from rollmux.core.errors import RollMuxError
+from rollmux.service.private import private_file
 
 LOCK_KEY = 0x524F4C4C4D5558  # "ROLLMUX"
 
@@ -63,7 +64,7 @@ def _sqlite_lock(engine: Engine, holder: dict[str, Any]) -> WriterLock:
     database = engine.url.database
     if not database or database == ":memory:":
         return WriterLock(holder)
-    path = Path(database).with_name(Path(database).name + ".lock")
+    path = private_file(Path(database).with_name(Path(database).name + ".lock"))
     handle = open(path, "a+")  # noqa: SIM115 - kept open: the lock lives as long as the file handle
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -30,6 +30,7 @@ from rollmux.service.auth import ensure_token
 from rollmux.service.client import DEFAULT_PORT, DEFAULT_STATE_DIR
 from rollmux.service.control import ControlOptions, ControlPlane
 from rollmux.service.lock import WriterLock, acquire_writer_lock
+from rollmux.service.private import private_dir
 from rollmux.service.store import Store, default_url
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ class ServeOptions:
     rollout_nodes: int = 64
     train_nodes: int = 64
     lease_s: float = 10.0
+    lost_grace_s: float | None = None
+    """A job seated without a session for this long stops holding its nodes (None: the
+    default, ``rollmux.core.control.default_lost_grace``)."""
     host_memory_gb: float = 8.0
     gpus_per_node: dict[Pool, float] = field(default_factory=dict)
     advertise_url: str | None = None
@@ -72,7 +76,7 @@ class Service:
     def __init__(self, options: ServeOptions):
         self.options = options
         _raise_open_files_limit()
-        self.token = ensure_token(options.state_dir)
+        self.token = ensure_token(options.state_dir)  # creates the private state folder
         self.socket = _bind(options.host, options.port)
         self.url = options.advertise_url or _url(options.host, self.socket.getsockname()[1])
         self.lock: WriterLock | None = None
@@ -88,12 +92,13 @@ class Service:
         control_options = ControlOptions(
             policy=options.policy,
             lease_s=options.lease_s,
+            lost_grace_s=options.lost_grace_s,
             checkpoint_dir=options.state_dir / "checkpoints",
             runs_jobs=executor is not None,
             regroup=options.regroup,
             slo_guard=options.slo_guard,
         )
-        control_options.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(control_options.checkpoint_dir)
         self.control = ControlPlane(self.store, control_options, executor)
         self.app = create_app(self.control, self.token)
         _tune_garbage_collector()

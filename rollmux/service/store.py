@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, Integer, String, Text, create_engine, delete, event, select
+from sqlalchemy import Float, Integer, String, Text, create_engine, delete, event, make_url, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -36,8 +36,12 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import JobSpec, Pool
+from rollmux.service.private import private_file
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+UPGRADES = {5: ("ALTER TABLE jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0",)}
+"""Statements that bring a database of the schema named up to the next one, so an older
+store is upgraded in place instead of refused (its jobs are kept)."""
 
 
 class StoreError(RollMuxError):
@@ -82,6 +86,7 @@ class JobRow(Base):
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     paused_s: Mapped[float] = mapped_column(Float, default=0.0)
     move: Mapped[str | None] = mapped_column(Text, nullable=True)
+    parked: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class NodeRow(Base):
@@ -187,35 +192,58 @@ def default_url(state_dir: Path) -> str:
     return f"sqlite:///{Path(state_dir) / 'rollmux.db'}"
 
 
+def _private_sqlite_files(url: str) -> None:
+    """Create an SQLite database file readable by its owner only (0600) before SQLite opens
+    it: SQLite gives its ``-wal`` and ``-shm`` files the database file's mode. A database,
+    WAL or shared-memory file left looser by an older version is tightened."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    database = Path(parsed.database)
+    private_file(database)
+    for suffix in ("-wal", "-shm", "-journal"):
+        companion = database.with_name(database.name + suffix)
+        if companion.exists():
+            private_file(companion)
+
+
 class Store:
     """Reads and writes the control plane's rows."""
 
     def __init__(self, url: str):
         self.url = url
+        _private_sqlite_files(url)
         self.engine = create_engine(url)
         if self.engine.dialect.name == "sqlite":
             _sqlite_pragmas(self.engine)
-        self._check_schema()
+        self._upgrade_schema()
         Base.metadata.create_all(self.engine)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self.sessions.begin() as session:
             if session.get(MetaRow, "schema") is None:
                 session.add(MetaRow(key="schema", value=str(SCHEMA_VERSION)))
 
-    def _check_schema(self) -> None:
-        """Refuse a database written by another version instead of misreading it."""
-        with self.engine.connect() as connection:
+    def _upgrade_schema(self) -> None:
+        """Bring a database of an older schema this version knows up to date, in one
+        transaction; refuse any other instead of misreading it."""
+        with self.engine.begin() as connection:
             tables = set(self.engine.dialect.get_table_names(connection))
             if not tables:
                 return
             version = None
             if "meta" in tables:
                 version = connection.exec_driver_sql("SELECT value FROM meta WHERE key = 'schema'").scalar()
-        if version != str(SCHEMA_VERSION):
-            raise StoreError(
-                f"{self.url}: written by another RollMux version (schema {version or 1}, this one reads "
-                f"{SCHEMA_VERSION}); move it away or use another --state-dir"
-            )
+            found = int(version) if version is not None and version.isdigit() else 1
+            if found not in UPGRADES and found != SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.url}: written by another RollMux version (schema {found}, this one reads "
+                    f"{SCHEMA_VERSION}); move it away or use another --state-dir"
+                )
+            for step in range(found, SCHEMA_VERSION):
+                for statement in UPGRADES[step]:
+                    connection.exec_driver_sql(statement)
+            if found != SCHEMA_VERSION:
+                connection.exec_driver_sql(f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema'")
 
     # --- writes ------------------------------------------------------------------------
 
@@ -509,6 +537,7 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "cost_usd": job.cost_usd,
         "paused_s": job.paused_s,
         "move": _move_json(job.move),
+        "parked": int(job.parked),
     }
 
 
@@ -561,6 +590,7 @@ def _record(row: JobRow) -> JobRecord:
         cost_usd=row.cost_usd,
         paused_s=row.paused_s,
         move=_move(row.move),
+        parked=bool(row.parked),
     )
     return JobRecord(
         job,
