@@ -24,15 +24,18 @@ from rollmux.core.spec import Pool
 from rollmux.core.turns import PhaseRecord
 from rollmux.inputs.runfile import RunFile
 from rollmux.runtime.nodes import NAMESPACE, pool_resources
+from rollmux.runtime.rayauth import settle_token_auth
 from rollmux.service.client import Client
 
 
 def start_ray(address: str | None = None, rollout_nodes: int = 1, train_nodes: int = 1) -> None:
-    """Join the Ray cluster at ``address``, or start a local instance offering this many
-    logical nodes of each pool. Does nothing if Ray is already up in this process."""
+    """Join the Ray cluster at ``address`` (with its token where it uses token
+    authentication), or start a local instance offering this many logical nodes of each
+    pool. Does nothing if Ray is already up in this process."""
     if ray.is_initialized():
         return
     if address:
+        settle_token_auth(address)
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
         return
     ray.init(
