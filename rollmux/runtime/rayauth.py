@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ray._raylet import AuthenticationTokenLoader, Config, GcsClient
 from ray.exceptions import AuthenticationError, RayError
@@ -57,14 +60,30 @@ def settle_token_auth(address: str) -> None:
 
 def _answers(address: str) -> bool:
     """Whether the cluster's GCS answers this process with its present authentication
-    (a single request: it fails at once when refused, unlike ``ray.init``)."""
+    (a single request: it fails at once when refused, unlike ``ray.init``). Ray's own
+    warning of the refusal is kept off the terminal: here it is an answer, not a fault."""
     try:
-        GcsClient(address=address)
+        with _native_stderr_silenced():
+            GcsClient(address=address)
     except AuthenticationError:
         return False
     except RayError as error:  # RpcError: the GCS did not answer in Ray's connect timeout
         raise RollMuxError(f"cannot reach the Ray cluster at {address}: {error}") from None
     return True
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Point file descriptor 2 (where Ray's C++ logs go) at /dev/null for the block."""
+    sys.stderr.flush()
+    kept = os.dup(2)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 2)
+        yield
+    finally:
+        os.dup2(kept, 2)
+        os.close(kept)
 
 
 def _token_at_hand() -> str | None:
