@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -64,6 +64,9 @@ class ServeOptions:
     slo_guard: bool = True
     warm: WarmOptions | None = None
     """Processes kept started ahead of need (None: the executor's defaults)."""
+    embedded: bool = False
+    """Embedded by ``rollmux run``: when it goes, a run whose jobs it holds takes its state
+    over (a ``rollmux serve`` is waited for instead: its operator restarts it)."""
 
 
 class Service:
@@ -76,6 +79,8 @@ class Service:
         self.socket = _bind(options.host, options.port)
         self.url = options.advertise_url or _url(options.host, self.socket.getsockname()[1])
         self.lock: WriterLock | None = None
+        self.record: dict[str, Any] = {}
+        """What the Ray cluster's registry says of this control plane (with Ray only)."""
         self.server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         try:
@@ -114,16 +119,16 @@ class Service:
             )
         executor = RayExecutor(int(self.options.host_memory_gb * 2**30), self.options.gpus_per_node, self.options.warm)
         executor.connect(self.url, self.token)
-        registry.register(
-            {
-                "url": self.url,
-                "token": self.token,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "state": str(self.options.db_url or self.options.state_dir),
-                "since": time.time(),
-            }
-        )
+        self.record = {
+            "url": self.url,
+            "token": self.token,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "state": str(self.options.db_url or self.options.state_dir.resolve()),
+            "embedded": self.options.embedded,
+            "since": time.time(),
+        }
+        registry.register(self.record)
         return executor
 
     def _server(self) -> uvicorn.Server:
