@@ -214,6 +214,9 @@ def test_a_run_whose_control_plane_was_killed_takes_it_over_and_resumes_from_che
     assert job_row(state, "first") == ("done", 60)  # the killed run's job was resumed too
     assert job_row(state, "second") == ("done", 40)
     with sqlite3.connect(state / "rollmux.db") as connection:
+        charged = connection.execute("SELECT name, restarts FROM jobs").fetchall()
+    assert set(charged) == {("first", 0), ("second", 0)}  # not the jobs' fault: their old drivers were stopped
+    with sqlite3.connect(state / "rollmux.db") as connection:
         resumed = connection.execute("SELECT detail FROM events WHERE job = 'second' AND kind = 'running'").fetchall()
     starts = [int(re.search(r"from iteration (\d+)", detail).group(1)) for (detail,) in resumed]
     assert starts[-1] >= 3 and 0 not in starts[1:], starts  # resumed from its checkpoint, never from 0
