@@ -47,6 +47,9 @@ that holds the run's jobs, so that a later run finds them."""
 DATABASE = "rollmux.db"
 LOOK_AGAIN_S = 1.0
 """Pause between looks for a control plane that is starting or coming back."""
+READING_S = 5.0
+"""How long an embedded control plane stays up after another run's job ended: that run
+sees it end at its next look (every half second) and then reads its results."""
 JOINED_RETRY_S = 5.0
 """How long a joined control plane may refuse connections before it is looked for again
 (a busy one still accepts them; looking again when it did not go finds it again)."""
@@ -168,12 +171,23 @@ class PlanRun:
         the other runs sharing it finish before it stops."""
         if self._plane.service is None:
             return
-        while waiting := self._plane.client.jobs(list(LIVE_STATES)):
-            self.others = [job["name"] for job in waiting]
-            if on_wait:
-                on_wait(waiting)
+        client = self._plane.client
+        while True:
+            if waiting := client.jobs(list(LIVE_STATES)):
+                self.others = [job["name"] for job in waiting]
+                if on_wait:
+                    on_wait(waiting)
+            elif self._still_reading(client) <= 0:
+                break
             time.sleep(tick_s)
         self.others = []
+
+    def _still_reading(self, client: Client) -> float:
+        """Seconds the run of another job that ended last may still be reading its results
+        (the control plane's clock is this process's)."""
+        mine = {job.name for job in self.spec.jobs}
+        ended = [job["ended_at"] or 0.0 for job in client.jobs(list(ENDED_STATES)) if job["name"] not in mine]
+        return max(ended, default=0.0) + READING_S - time.time()
 
     @property
     def _plane(self) -> Plane:

@@ -166,7 +166,10 @@ class Service:
         return self
 
     def stop(self) -> None:
-        """Stop serving and wait until the control plane gave its nodes and drivers back."""
+        """Stop serving and wait until the control plane gave its nodes and drivers back.
+        It leaves the Ray cluster's registry first: a run looking for the cluster's control
+        plane meanwhile would otherwise join one about to go."""
+        self._unregister()
         if self.server is not None:
             self.server.should_exit = True
         if self._thread is not None:
@@ -174,14 +177,17 @@ class Service:
         self.close()
 
     def close(self) -> None:
-        if self.options.use_ray:
-            from rollmux.runtime import registry
-
-            registry.unregister(self.url)
+        self._unregister()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
         self.socket.close()
+
+    def _unregister(self) -> None:
+        if self.options.use_ray:
+            from rollmux.runtime import registry
+
+            registry.unregister(self.url)
 
 
 GC_THRESHOLDS = (50_000, 20, 100)
