@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -28,6 +29,10 @@ from typing import Any
 
 import pytest
 
+from rollmux.inputs.runfile import RunFile
+from rollmux.runtime.launch import PlanRun
+from rollmux.service.server import ServeOptions, Service
+from tests.local_ray import fresh_local_ray
 from tests.service_process import free_port
 
 RUN = """
@@ -168,8 +173,8 @@ def job_row(state: Path, name: str) -> tuple[str, int] | None:
 def test_the_run_that_started_the_control_plane_keeps_it_until_the_other_run_is_done_and_a_rerun_redoes_nothing(
     start,
 ):
-    first = started(start("first", iterations=10), "first")
-    second = start("second", iterations=60, seed=1)
+    first = started(start("first", iterations=20), "first")
+    second = start("second", iterations=80, seed=1)
     (code, told), (code2, told2) = first.finish(), second.finish()
     assert code == 0, told
     assert code2 == 0, told2
@@ -177,9 +182,9 @@ def test_the_run_that_started_the_control_plane_keeps_it_until_the_other_run_is_
     assert second.plane()["state"] == str((first.out / "state").resolve())  # joined, never took over
     assert "stopped answering" not in told2
     done = second.result()
-    assert (done["jobs"]["second"]["state"], done["jobs"]["second"]["iterations"]) == ("done", 60)
+    assert (done["jobs"]["second"]["state"], done["jobs"]["second"]["iterations"]) == ("done", 80)
 
-    again = start("second", iterations=60)
+    again = start("second", iterations=80)
     code, told = again.finish()
     assert code == 0, told
     assert f"hosting it here on {(first.out / 'state').resolve()}" in told  # where the job ran, not a fresh plane
@@ -189,7 +194,7 @@ def test_the_run_that_started_the_control_plane_keeps_it_until_the_other_run_is_
 
 
 def test_a_run_that_joined_may_end_first(start):
-    first = started(start("first", iterations=60), "first")
+    first = started(start("first", iterations=40), "first")
     second = start("second", iterations=2, seed=1)
     code2, told2 = second.finish()
     assert code2 == 0, told2
@@ -211,19 +216,44 @@ def test_a_run_whose_control_plane_was_killed_takes_it_over_and_resumes_from_che
     code, told = second.finish()
     assert code == 0, told
     assert f"hosting it here on {state.resolve()}" in told
-    assert job_row(state, "first") == ("done", 60)  # the killed run's job was resumed too
-    assert job_row(state, "second") == ("done", 40)
     with sqlite3.connect(state / "rollmux.db") as connection:
-        charged = connection.execute("SELECT name, restarts FROM jobs").fetchall()
-    assert set(charged) == {("first", 0), ("second", 0)}  # not the jobs' fault: their old drivers were stopped
-    with sqlite3.connect(state / "rollmux.db") as connection:
+        jobs = set(connection.execute("SELECT name, state, iteration, restarts FROM jobs").fetchall())
         resumed = connection.execute("SELECT detail FROM events WHERE job = 'second' AND kind = 'running'").fetchall()
+    # the killed run's job was resumed too, and neither was charged a restart: their old drivers were stopped
+    assert jobs == {("first", "done", 60, 0), ("second", "done", 40, 0)}
     starts = [int(re.search(r"from iteration (\d+)", detail).group(1)) for (detail,) in resumed]
     assert starts[-1] >= 3 and 0 not in starts[1:], starts  # resumed from its checkpoint, never from 0
-    trained = [
-        e["iteration"] for e in second.result()["phase_log"] if e["phase"] == "train" and e["outcome"] == "released"
-    ]
-    assert sorted(set(trained)) == list(range(40)) and trained.count(0) == 1
+    done = second.result()
+    assert len(done["histories"]["second"]) == 40  # every iteration's metrics, none twice
+    assert [e["iteration"] for e in done["phase_log"] if e["phase"] == "train"].count(0) == 1
+
+
+@pytest.fixture
+def local_ray() -> Iterator[None]:
+    yield from fresh_local_ray(rollout_nodes=1, train_nodes=1)
+
+
+def test_a_run_that_finds_another_taking_the_state_over_joins_it_once_it_answers(local_ray, tmp_path):
+    """The writer lock decides between two runs taking one state over: the loser waits
+    and joins the winner's control plane, never a second one on the same store."""
+    state = tmp_path / "first" / "state"
+    winner = Service(ServeOptions(port=0, state_dir=state, embedded=True))  # locked and registered, not yet serving
+    try:
+        out = tmp_path / "second"
+        out.mkdir()
+        gone = {"url": "http://127.0.0.1:9", "state": str(state.resolve()), "embedded": True, "pid": 1, "host": "h"}
+        (out / "control-plane.json").write_text(json.dumps(gone))
+        notes: list[str] = []
+        plan = PlanRun(RunFile.model_validate({"jobs": [{"name": "a", "iterations": 1}]}), out, on_note=notes.append)
+        attaching = threading.Thread(target=plan.__enter__, daemon=True)
+        attaching.start()
+        wait_until(lambda: any("another run is starting the control plane" in note for note in notes), 120, "a wait")
+        winner.start()
+        attaching.join(timeout=60)
+        assert not attaching.is_alive() and plan.plane is not None
+        assert plan.plane.service is None and plan.plane.client.url == winner.url
+    finally:
+        winner.stop()
 
 
 def test_a_cluster_that_wants_a_token_is_refused_naming_what_to_set_when_none_is_here(tmp_path, head):
