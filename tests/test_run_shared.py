@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from rollmux.inputs.runfile import RunFile
-from rollmux.runtime.launch import PlanRun
+from rollmux.runtime.launch import JobsElsewhere, PlanRun
 from rollmux.service.server import ServeOptions, Service
 from tests.local_ray import fresh_local_ray
 from tests.service_process import free_port
@@ -254,6 +254,24 @@ def test_a_run_that_finds_another_taking_the_state_over_joins_it_once_it_answers
         assert plan.plane.service is None and plan.plane.client.url == winner.url
     finally:
         winner.stop()
+
+
+def test_a_folder_whose_jobs_are_held_elsewhere_is_refused_naming_where(local_ray, tmp_path):
+    """A re-run never submits its jobs to a control plane that does not hold them (they
+    would start over from iteration 0), nor hosts one on a state that is not there."""
+    out, elsewhere = tmp_path / "second", tmp_path / "first" / "state"
+    out.mkdir()
+    (out / "control-plane.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "state": str(elsewhere)}))
+    plan = PlanRun(RunFile.model_validate({"jobs": [{"name": "a", "iterations": 1}]}), out)
+    cluster = Service(ServeOptions(port=0, state_dir=tmp_path / "other" / "state", embedded=True)).start()
+    try:
+        with pytest.raises(JobsElsewhere, match=f"state in {elsewhere}, but this Ray cluster's control plane"):
+            plan.__enter__()
+    finally:
+        cluster.stop()
+    with pytest.raises(JobsElsewhere, match=f"state in {elsewhere} .*not there to host"):
+        plan.__enter__()
+    assert not elsewhere.exists()
 
 
 def test_a_cluster_that_wants_a_token_is_refused_naming_what_to_set_when_none_is_here(tmp_path, head):
