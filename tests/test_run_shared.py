@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -66,7 +67,7 @@ def user_env(**settings: str) -> dict[str, str]:
 def ray_head(env: dict[str, str]) -> Iterator[str]:
     """``ray start --head --block`` in a session of its own, on free ports and a temporary
     folder of its own; stopped by signalling that session only (``ray stop`` would stop
-    every Ray on the machine). Yields its address."""
+    every Ray on the machine), its folder removed. Yields its address."""
     port = free_port()
     temp = tempfile.mkdtemp(prefix="rollmux-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
     log = Path(temp) / "head.log"
@@ -87,6 +88,7 @@ def ray_head(env: dict[str, str]) -> Iterator[str]:
         with suppress(ProcessLookupError):  # what did not stop in time, the raylet's workers among them
             os.killpg(head.pid, signal.SIGKILL)
         head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
