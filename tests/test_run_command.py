@@ -18,6 +18,8 @@ from rollmux.cli.main import app
 from rollmux.inputs.errors import InputError
 from rollmux.inputs.runfile import load_run_file
 from rollmux.jobs.grpo import GRPOConfig, run_alone
+from rollmux.service.lock import acquire_writer_lock
+from rollmux.service.store import Store, default_url
 
 runner = CliRunner()
 TINY = """
@@ -135,6 +137,20 @@ def test_a_file_nested_too_deeply_is_refused_with_exit_code_2(tmp_path):
     path.write_text("jobs:\n  - name: a\n    iterations: 1\n    args: " + "[" * 3000 + "]" * 3000 + "\n")
     result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "nested too deeply" in result.output
+
+
+def test_fresh_refuses_a_state_that_a_control_plane_serves(tmp_path):
+    """Another run may have taken this folder's state over: --fresh must not delete its store."""
+    out, spec = tmp_path / "out", tmp_path / "run.yaml"
+    (out / "state").mkdir(parents=True)
+    spec.write_text(TINY)
+    lock = acquire_writer_lock(Store(default_url(out / "state")).engine, "http://127.0.0.1:9")
+    try:
+        result = runner.invoke(app, ["run", str(spec), "--out", str(out), "--fresh"])
+    finally:
+        lock.release()
+    assert result.exit_code == 2 and "in use by another rollmux control plane" in result.output, result.output
+    assert (out / "state" / "rollmux.db").exists()
 
 
 def test_an_interrupted_run_stops_cleanly_and_the_next_one_resumes(tmp_path):

@@ -459,8 +459,10 @@ def run(
     """Run real jobs multiplexed on shared rollout and training workers on Ray.
 
     The jobs go to one control plane: the one at --url, the one the Ray cluster already
-    has, or one embedded here with its state in the output folder. Jobs checkpoint after
-    every iteration; running the same file again resumes them (or reports them done)."""
+    has, or one embedded here with its state in the output folder. An embedded one stays
+    up until the jobs other runs gave it ended too; a run whose control plane went takes
+    it over. Jobs checkpoint after every iteration; running the same file again resumes
+    them (or reports them done)."""
     from rollmux.cli.run import execute
     from rollmux.inputs.runfile import load_run_file
     from rollmux.runtime.launch import Target
@@ -480,6 +482,14 @@ def run(
         f"gantt: {out_dir / 'gantt.png'}, rewards: {out_dir / 'rewards.png'}",
         highlight=False,
     )
+    if result.stopped_with:
+        others = escape(", ".join(result.stopped_with))
+        err.print(
+            f"interrupted: the control plane stopped while it held other runs' jobs ({others}); each of those "
+            "runs takes it over by itself and resumes them from their checkpoints",
+            soft_wrap=True,
+        )
+        raise typer.Exit(code=130)
     if result.errors:
         raise typer.Exit(code=1)
 

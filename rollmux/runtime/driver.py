@@ -48,9 +48,16 @@ class DriverHost:
         gc.freeze()  # what was imported is never collected: full collections stay short, not ~80 ms
         self.running: dict[str, int] = {}
         self.changed = threading.Condition()
+        self.url: str | None = None
+        """The control plane its drivers call (None: it has run none yet)."""
 
     def pid(self) -> int:
         return os.getpid()
+
+    def serves(self) -> str | None:
+        """The control plane its drivers call: a control plane started at another address
+        (one embedded by a run that took another's state over) has no use for them."""
+        return self.url
 
     def drivers(self) -> dict[str, int]:
         """The jobs whose drivers run here, with their incarnations."""
@@ -60,6 +67,7 @@ class DriverHost:
         """Run one incarnation of the job to its end (see :func:`drive`)."""
         with self.changed:
             self.running[job] = incarnation
+            self.url = url
         try:
             return drive(url, token, job)
         finally:

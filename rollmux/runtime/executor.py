@@ -232,7 +232,9 @@ class RayExecutor:
 
     async def _discover(self) -> None:
         """After a restart: the driver hosts and spare workers that survived, and which
-        driver runs where (a host that does not answer is given back)."""
+        driver runs where (a host that does not answer is given back). A host whose
+        drivers call another address is stopped: they would go on calling a control plane
+        that is gone until their leases expired; stopped, their jobs restart at once."""
         self._discovered = True
         named = await asyncio.to_thread(ray.util.list_named_actors, True)
         for entry in named:
@@ -241,7 +243,11 @@ class RayExecutor:
             try:
                 handle = await asyncio.to_thread(ray.get_actor, entry["name"], NAMESPACE)
                 running = await asyncio.wait_for(handle.drivers.remote(), timeout=10)
+                serves = await asyncio.wait_for(handle.serves.remote(), timeout=10)
             except (ValueError, ray.exceptions.RayActorError, asyncio.TimeoutError):
+                continue
+            if serves not in (None, self.url):
+                await asyncio.to_thread(ray.kill, handle)
                 continue
             self.hosts[entry["name"]] = _Host(entry["name"], handle, dict(running))
         await asyncio.to_thread(self.nodes.adopt_spares)

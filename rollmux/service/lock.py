@@ -80,6 +80,21 @@ def _sqlite_lock(engine: Engine, holder: dict[str, Any]) -> WriterLock:
     return WriterLock(holder, _file=handle)
 
 
+def sqlite_holder(database: Path) -> str | None:
+    """Who writes this SQLite store now, described; None while no control plane does."""
+    path = database.with_name(database.name + ".lock")
+    if not path.exists():
+        return None
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            return _describe(handle.read())
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
 def _database_lock(engine: Engine, holder: dict[str, Any], dialect: str) -> WriterLock:
     """A session-level lock held by a connection kept open; the holder is written to the
     ``meta`` table so that a refused server can name it."""

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -68,6 +68,9 @@ class ServeOptions:
     slo_guard: bool = True
     warm: WarmOptions | None = None
     """Processes kept started ahead of need (None: the executor's defaults)."""
+    embedded: bool = False
+    """Embedded by ``rollmux run``: when it goes, a run whose jobs it holds takes its state
+    over (a ``rollmux serve`` is waited for instead: its operator restarts it)."""
 
 
 class Service:
@@ -80,6 +83,8 @@ class Service:
         self.socket = _bind(options.host, options.port)
         self.url = options.advertise_url or _url(options.host, self.socket.getsockname()[1])
         self.lock: WriterLock | None = None
+        self.record: dict[str, Any] = {}
+        """What the Ray cluster's registry says of this control plane (with Ray only)."""
         self.server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         try:
@@ -119,16 +124,16 @@ class Service:
             )
         executor = RayExecutor(int(self.options.host_memory_gb * 2**30), self.options.gpus_per_node, self.options.warm)
         executor.connect(self.url, self.token)
-        registry.register(
-            {
-                "url": self.url,
-                "token": self.token,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "state": str(self.options.db_url or self.options.state_dir),
-                "since": time.time(),
-            }
-        )
+        self.record = {
+            "url": self.url,
+            "token": self.token,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "state": str(self.options.db_url or self.options.state_dir.resolve()),
+            "embedded": self.options.embedded,
+            "since": time.time(),
+        }
+        registry.register(self.record)
         return executor
 
     def _server(self) -> uvicorn.Server:
@@ -166,7 +171,10 @@ class Service:
         return self
 
     def stop(self) -> None:
-        """Stop serving and wait until the control plane gave its nodes and drivers back."""
+        """Stop serving and wait until the control plane gave its nodes and drivers back.
+        It leaves the Ray cluster's registry first: a run looking for the cluster's control
+        plane meanwhile would otherwise join one about to go."""
+        self._unregister()
         if self.server is not None:
             self.server.should_exit = True
         if self._thread is not None:
@@ -174,14 +182,17 @@ class Service:
         self.close()
 
     def close(self) -> None:
-        if self.options.use_ray:
-            from rollmux.runtime import registry
-
-            registry.unregister(self.url)
+        self._unregister()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
         self.socket.close()
+
+    def _unregister(self) -> None:
+        if self.options.use_ray:
+            from rollmux.runtime import registry
+
+            registry.unregister(self.url)
 
 
 GC_THRESHOLDS = (50_000, 20, 100)
