@@ -292,6 +292,7 @@ def test_a_restarted_executor_finds_the_drivers_and_spare_workers_that_outlived_
     spare = before.nodes.spares[Pool.ROLLOUT][0].name
     standby = before.nodes.standbys[Pool.TRAIN][0].name
     after = RayExecutor(2**30, warm=warm)
+    after.connect("http://127.0.0.1:9", "token")  # restarted at the same address: its drivers are adopted
     try:
         assert asyncio.run(after.driver_alive("a", 3)) and not asyncio.run(after.driver_alive("a", 2))
         assert asyncio.run(after.driver_pid("a")) == asyncio.run(before.driver_pid("a"))
