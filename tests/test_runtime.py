@@ -340,6 +340,7 @@ def test_phase_decorator_form_needs_a_session_too():
         step()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_standby_that_dies_is_replaced_and_named_in_its_place(local_ray):
     executor = RayExecutor(2**30, warm=WarmOptions(standby_workers=1))
 
