@@ -113,6 +113,10 @@ class _Storages:
     def nbytes(self) -> int:
         return sum(self.sizes)
 
+    def held(self) -> int:
+        """Bytes the storages hold now (0 asleep)."""
+        return sum(storage.nbytes() for storage in self.storages)
+
     def release(self) -> None:
         for storage in self.storages:
             storage.resize_(0)
@@ -165,6 +169,12 @@ class Engine:
         if self.gpu:
             return int(self.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes or 0)
         return self.kv.nbytes
+
+    def held_bytes(self) -> int:
+        """Bytes its KV cache and model tensors hold now: what a sleep gives back."""
+        if self.gpu:
+            return torch.cuda.memory_allocated()
+        return self.kv.held() + self.params.held()
 
     def load(self, version: int, weights: PackedWeights) -> float:
         """Load weights of ``version`` in place; returns the seconds it took. Refuses older

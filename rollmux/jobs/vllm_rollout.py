@@ -65,11 +65,14 @@ def launch_engine(spec: EngineSpec) -> Any:
 
 
 def _stop(engine: Any) -> None:
-    """End an engine whose role is gone (dropped, replaced by a newer epoch's, or moved)."""
+    """End an engine whose role is gone (dropped, replaced by a newer epoch's, or moved).
+    Without Ray (shut down first) the engine went with it; ``ray.kill`` would start a new one."""
+    if not ray.is_initialized():
+        return
     try:
         ray.kill(engine)
-    except Exception:  # noqa: BLE001 - Ray is shut down or the actor is gone: nothing left to end
-        pass
+    except ValueError:
+        pass  # the actor is gone already
 
 
 class EngineResidence:
@@ -192,9 +195,14 @@ class VLLMRollout:
         if the engine's weights are awake. Older weights than the role's are refused."""
         if weights.version < self.version:
             raise StaleWeights(f"weights version {weights.version} offered to a role holding version {self.version}")
-        self.state.host, self.version = weights, weights.version
+        names = sorted(entry.name for entry in weights.layout.entries)
+        if names != sorted(self.spec.weight_names):
+            differs = sorted(set(names) ^ set(self.spec.weight_names)) or ["a name given twice"]
+            raise ValueError(f"weights version {weights.version} do not fit the engine's model: {differs[0]} differs")
         if self._engine is not None and "weights" not in self.state.asleep:
-            self._load()
+            ray.get(self._engine.load.remote(weights.version, weights))
+            self._loaded = weights.version
+        self.state.host, self.version = weights, weights.version
 
     def complete(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling) -> list[Completion]:
         """One completion per prompt from the engine, each with its own seed."""
@@ -204,8 +212,17 @@ class VLLMRollout:
         """The engine's log-probability of each token of ``sequences`` after the first."""
         return ray.get(self._ready().prompt_logprobs.remote(sequences))
 
+    def engine_held_bytes(self) -> int:
+        """What the engine holds now (its KV cache and model tensors), awake or asleep."""
+        if self._engine is None:
+            raise RuntimeError("the role has no engine here yet: it starts at the role's first wake")
+        return ray.get(self._engine.held_bytes.remote())
+
     def engine_pid(self) -> int:
-        return ray.get(self._ready().pid.remote())
+        """The engine's process, awake or asleep (an operator's view of it)."""
+        if self._engine is None:
+            raise RuntimeError("the role has no engine here yet: it starts at the role's first wake")
+        return ray.get(self._engine.pid.remote())
 
     def require_version(self, iteration: int) -> None:
         """On-policy: refuse to roll out iteration ``iteration`` on older weights."""
@@ -224,11 +241,10 @@ class VLLMRollout:
             self._load()
         return self._engine
 
-    def _load(self) -> float:
+    def _load(self) -> None:
         assert self.state.host is not None
-        seconds = ray.get(self._engine.load.remote(self.version, self.state.host))
+        ray.get(self._engine.load.remote(self.version, self.state.host))
         self._loaded = self.version
-        return seconds
 
     def _start_engine(self) -> None:
         """Start an engine and wait until it serves (the cold start); it holds no weights
