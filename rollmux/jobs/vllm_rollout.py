@@ -146,6 +146,8 @@ class VLLMRollout:
         self.kv_cache_bytes = spec.kv_cache_bytes
         self.start_s = 0.0
         """Seconds its last engine took to start (the cold start)."""
+        self.load_s = 0.0
+        """Seconds the engine's last weight load took inside it (Ray's transfer not counted)."""
         self._engine: Any = None
         self._loaded = -1
         """The version the engine holds (-1: none since it woke or started)."""
@@ -200,7 +202,7 @@ class VLLMRollout:
             differs = sorted(set(names) ^ set(self.spec.weight_names)) or ["a name given twice"]
             raise ValueError(f"weights version {weights.version} do not fit the engine's model: {differs[0]} differs")
         if self._engine is not None and "weights" not in self.state.asleep:
-            ray.get(self._engine.load.remote(weights.version, weights))
+            self.load_s = ray.get(self._engine.load.remote(weights.version, weights))
             self._loaded = weights.version
         self.state.host, self.version = weights, weights.version
 
@@ -243,7 +245,7 @@ class VLLMRollout:
 
     def _load(self) -> None:
         assert self.state.host is not None
-        ray.get(self._engine.load.remote(self.version, self.state.host))
+        self.load_s = ray.get(self._engine.load.remote(self.version, self.state.host))
         self._loaded = self.version
 
     def _start_engine(self) -> None:
