@@ -42,6 +42,7 @@ import torch
 
 from rollmux.core.errors import StaleWeights, WeightsDiscarded
 from rollmux.runtime.weights import PackedWeights
+from rollmux.service.failpoints import failpoint
 
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -201,6 +202,7 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         self._check_ready()
+        failpoint("engine:generate")
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: one seed per request")
         params = [
