@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/restart.py --finished 10000
 	$(BIN)/python bench/failover.py
 	$(BIN)/python bench/replica_copy.py --mib 512
+	$(BIN)/python bench/scenarios.py
 
 clean:
 	rm -rf $(VENV) out

@@ -197,6 +197,7 @@ def test_a_trainer_killed_mid_step_fails_over_to_the_standby_with_its_replica_an
         service.stop()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 @pytest.mark.parametrize(
     ("standby", "replicas"),
     [
@@ -252,6 +253,7 @@ def test_a_buddy_hands_out_copies_of_its_replica_no_older_than_asked_and_keeps_i
     assert copy.history == worker.progress("a", "train", 1) and ("a", "train") in buddy.replicas
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 @pytest.mark.parametrize(
     "failpoint",
     [

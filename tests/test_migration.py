@@ -139,6 +139,7 @@ def test_a_control_plane_killed_in_the_middle_of_a_move_leaves_each_job_in_one_g
         process.stop()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_worker_killed_while_giving_a_moving_job_its_state_costs_a_restart_not_the_job(tmp_path):
     process = serve(tmp_path, "move:export", extra=("--no-slo-guard",))
     try:
@@ -154,6 +155,7 @@ def test_a_worker_killed_while_giving_a_moving_job_its_state_costs_a_restart_not
         process.stop()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_the_slo_guard_moves_a_job_whose_phases_take_twice_its_estimate(tmp_path):
     service = serve(tmp_path, extra=("--no-regroup",))
     try:

@@ -111,6 +111,7 @@ def local_ray():
     yield from fresh_local_ray(rollout_nodes=2, train_nodes=2)
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_two_node_training_phase_runs_a_rank_on_each_node_and_matches_one_rank(local_ray, tmp_path: Path):
     spec = {
         "name": "wide",

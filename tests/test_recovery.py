@@ -142,6 +142,7 @@ def test_a_driver_killed_between_its_checkpoint_and_its_report_still_reports_tha
         service.stop()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_killed_control_plane_restarts_every_job_where_it_was(service):
     api = Client(service.url, service.token)
     submit_group(api)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import ray
 from typer.testing import CliRunner
 
@@ -17,6 +18,7 @@ runner = CliRunner()
 TRACE = ["data/traces/production-200jobs.trace", "--profile", "data/traces/production-profile.json"]
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says(tmp_path):
     out = tmp_path / "replay.json"
     arguments = ["replay", *TRACE, "--time-scale", "150", "--window", "0", "3"]

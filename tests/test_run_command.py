@@ -153,6 +153,7 @@ def test_fresh_refuses_a_state_that_a_control_plane_serves(tmp_path):
     assert (out / "state" / "rollmux.db").exists()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_an_interrupted_run_stops_cleanly_and_the_next_one_resumes(tmp_path):
     example = tmp_path / "run.yaml"
     example.write_text(TINY.replace("iterations: 3", "iterations: 20"))

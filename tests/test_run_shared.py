@@ -207,6 +207,7 @@ def test_a_run_that_joined_may_end_first(start):
     assert "waiting for" not in told
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_run_whose_control_plane_was_killed_takes_it_over_and_resumes_from_checkpoints(start):
     first = started(start("first", iterations=60), "first")
     second = start("second", iterations=40, seed=1)

@@ -192,10 +192,11 @@ def test_emulated_jobs_wait_their_phases_on_real_tensors(local_ray, tmp_path):
     result = run(tmp_path, *(job(n, iterations=4, entrypoint=entry) | {"args": emulated} for n in ("e1", "e2")))
     assert not result.errors and [len(result.histories[n]) for n in ("e1", "e2")] == [4, 4]
     for record in result.records:
-        # The job waits out its phase from grant to release (its switching included): never
-        # shorter; on a busy machine it may end late, so only a stuck phase fails the top.
+        # The job waits out its phase from grant to release (its switching included), less
+        # the hand-back it expects from the last ones: on a busy machine that estimate is off
+        # by tens of ms either way, so only a phase not waited (or a stuck one) fails.
         held, expected = record.released - record.granted, 0.2 if record.phase == "rollout" else 0.1
-        assert expected - 0.02 <= held < expected + 2.0
+        assert expected / 2 <= held < expected + 2.0
         assert record.wake_s > 0 and record.sleep_s > 0
     assert {r.nodes for r in result.records if r.phase == "rollout"} == {result.records[0].nodes}  # one group
 
@@ -340,6 +341,7 @@ def test_phase_decorator_form_needs_a_session_too():
         step()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_standby_that_dies_is_replaced_and_named_in_its_place(local_ray):
     executor = RayExecutor(2**30, warm=WarmOptions(standby_workers=1))
 
