@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--cycles", type=int, default=5)
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     model = build(args.layers, args.hidden)
     publisher = Publisher(model)
     spec = EngineSpec(model_files(model, digit_tokenizer()), tuple(model.state_dict()), kv_cache_bytes=32 << 20)
