@@ -120,7 +120,7 @@ def test_regrouping_moves_running_jobs_between_workers_and_they_go_on(service):
     "failpoint",
     [
         pytest.param("move:adopted", marks=pytest.mark.slow),  # the suite's time is short: the later crash runs
-        "move:after-transfer",
+        pytest.param("move:after-transfer", marks=pytest.mark.slow),
     ],
 )
 def test_a_control_plane_killed_in_the_middle_of_a_move_leaves_each_job_in_one_group(tmp_path, failpoint):

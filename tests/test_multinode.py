@@ -60,6 +60,7 @@ def job(name: str, **fields) -> dict:
     return {"name": name, "iterations": 3, "slo": 2.0, **settings, **fields}
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_workers_land_on_their_pool_and_a_queued_job_runs_when_nodes_free(cluster, tmp_path):
     entry = "tests.test_multinode:SaysWhere.from_context"
     # The loner needs its own group (an SLO of 1 forbids sharing) but the only rollout

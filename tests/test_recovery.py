@@ -119,6 +119,7 @@ def test_a_killed_driver_holding_a_grant_loses_it_within_its_lease_and_resumes(s
     no_node_runs_two_jobs(log)
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_driver_killed_between_its_checkpoint_and_its_report_still_reports_that_step(tmp_path, monkeypatch):
     # The report of a step goes with the training phase's hand-back, after the checkpoint:
     # the first driver to have checkpointed its third step dies before handing it back.

@@ -172,6 +172,7 @@ class CrashesOnce(GRPOJob):
         raise AssertionError("unreachable: the trainer's process died")
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_completed_steps_survive_a_crash_of_the_trainer_process(local_ray, tmp_path):
     result = run(
         tmp_path,

@@ -48,6 +48,7 @@ def alone_and_multiplexed(tmp_path_factory):
         ray.shutdown()
 
 
+@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_two_trl_jobs_multiplexed_compute_what_each_computes_alone(alone_and_multiplexed):
     alone_a, alone_b, together = alone_and_multiplexed
     assert not alone_a.errors and not alone_b.errors and not together.errors
@@ -57,6 +58,7 @@ def test_two_trl_jobs_multiplexed_compute_what_each_computes_alone(alone_and_mul
     assert losses_and_rewards(together.histories["b"]) == solo_b
 
 
+@pytest.mark.slow  # shares the multiplexed run above: bench/scenarios.py runs it
 def test_the_trl_jobs_take_turns_on_one_rollout_and_one_training_node(alone_and_multiplexed):
     _, _, together = alone_and_multiplexed
     nodes = {(r.job, r.phase): r.nodes for r in together.records}

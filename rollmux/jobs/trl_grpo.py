@@ -251,20 +251,27 @@ class TRLRollout(ParkedRole):
                 f"rollout of iteration {iteration} needs weights version {iteration}, holds {self.version}"
             )
         self.require_weights()
-        # Each prompt num_generations times in a row, as TRL's sampler repeats them.
-        rows = [row for row in self.task.prompts(iteration) for _ in range(self.task.num_generations)]
-        self.model.train()  # TRL samples num_generations per prompt in train mode
-        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.task.seed * 7_919 + iteration)
-            # TRL's own rollout step (generate, reward, group advantages): the one its train()
-            # loop takes per generation batch, called here without the rest of that loop.
-            batch = self.trainer._generate_and_score_completions(rows)
-        return {
-            "iteration": iteration,
-            "version": self.version,
-            "inputs": {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()},
-            "rewards": torch.tensor(self.rewards.totals()),
-        }
+        return scored_rollout(self.task, self.trainer, self.rewards, iteration, self.version)
+
+
+def scored_rollout(
+    task: TRLTask, trainer: trl.GRPOTrainer, rewards: RecordedRewards, iteration: int, version: int
+) -> dict[str, Any]:
+    """TRL's own rollout step (generate, reward, group advantages): the one its train() loop
+    takes per generation batch, called without the rest of that loop, seeded by the
+    iteration so that a job computes the same alone and multiplexed."""
+    # Each prompt num_generations times in a row, as TRL's sampler repeats them.
+    rows = [row for row in task.prompts(iteration) for _ in range(task.num_generations)]
+    trainer.model.train()  # TRL samples num_generations per prompt in train mode
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(task.seed * 7_919 + iteration)
+        batch = trainer._generate_and_score_completions(rows)
+    return {
+        "iteration": iteration,
+        "version": version,
+        "inputs": {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()},
+        "rewards": torch.tensor(rewards.totals()),
+    }
 
 
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -325,18 +332,8 @@ class TRLVLLMRollout(VLLMRollout):
     def generate(self, iteration: int) -> dict[str, Any]:
         """``num_generations`` completions per prompt from the engine, scored by TRL."""
         self.require_version(iteration)
-        rows = [row for row in self.task.prompts(iteration) for _ in range(self.task.num_generations)]
-        self.trainer.model.train()  # TRL counts num_generations per prompt in train mode
         self._iteration = iteration
-        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.task.seed * 7_919 + iteration)
-            batch = self.trainer._generate_and_score_completions(rows)
-        return {
-            "iteration": iteration,
-            "version": self.version,
-            "inputs": {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()},
-            "rewards": torch.tensor(self.rewards.totals()),
-        }
+        return scored_rollout(self.task, self.trainer, self.rewards, iteration, self.version)
 
     def _rollout(self, prompts: list[Any], trainer: trl.GRPOTrainer) -> dict[str, Any]:
         """TRL's ``rollout_func``: its prompts (each already repeated ``num_generations``
