@@ -5,6 +5,7 @@ plane; driven directly, its roles keep the adapter's promises."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,20 @@ def losses_and_rewards(history: list[dict[str, float]]) -> list[tuple[float, flo
     return [(m["loss"], m["reward"]) for m in history]
 
 
-@pytest.fixture(scope="module")
-def alone_and_multiplexed(tmp_path_factory):
+def alone_and_together(folder: Path, a: dict, b: dict) -> Iterator[tuple[RunResult, RunResult, RunResult]]:
+    """Each job alone, then both multiplexed, on one rollout and one training node of a fresh Ray."""
     if ray.is_initialized():
         ray.shutdown()
     start_ray(rollout_nodes=1, train_nodes=1)
-    folder = tmp_path_factory.mktemp("trl-runs")
     try:
-        yield run(folder, trl_job("a", 0)), run(folder, trl_job("b", 1)), run(folder, trl_job("a", 0), trl_job("b", 1))
+        yield run(folder, a), run(folder, b), run(folder, a, b)
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def alone_and_multiplexed(tmp_path_factory):
+    yield from alone_and_together(tmp_path_factory.mktemp("trl-runs"), trl_job("a", 0), trl_job("b", 1))
 
 
 @pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it

@@ -6,10 +6,8 @@ nothing of one job in the other's numbers."""
 from __future__ import annotations
 
 import pytest
-import ray
 
-from rollmux.runtime.launch import start_ray
-from tests.test_trl import losses_and_rewards, run, trl_job
+from tests.test_trl import alone_and_together, losses_and_rewards, trl_job
 
 pytestmark = pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 
@@ -24,15 +22,7 @@ def vllm_job(name: str, seed: int) -> dict:
 
 @pytest.fixture(scope="module")
 def alone_and_multiplexed(tmp_path_factory):
-    if ray.is_initialized():
-        ray.shutdown()
-    start_ray(rollout_nodes=1, train_nodes=1)
-    folder = tmp_path_factory.mktemp("vllm-runs")
-    try:
-        a, b = vllm_job("a", 0), vllm_job("b", 1)
-        yield run(folder, a), run(folder, b), run(folder, a, b)
-    finally:
-        ray.shutdown()
+    yield from alone_and_together(tmp_path_factory.mktemp("vllm-runs"), vllm_job("a", 0), vllm_job("b", 1))
 
 
 def test_two_vllm_trl_jobs_multiplexed_compute_what_each_computes_alone(alone_and_multiplexed):
