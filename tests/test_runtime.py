@@ -364,3 +364,18 @@ def test_a_standby_that_dies_is_replaced_and_named_in_its_place(local_ray):
 
     dead, new, named, kept, serving = asyncio.run(kill_the_first_and_wait_for_another())
     assert dead != new and named is not None and named._actor_id == kept._actor_id and serving is None
+
+
+def test_nodes_placed_as_others_are_released_take_their_units_in_one_sync(local_ray):
+    # A job that ends and one placed on new node ids in the same reconciliation: the new
+    # nodes must get the units the old ones give back (as spares or not), not wait forever
+    # for units that spares keep.
+    executor = RayExecutor(2**30, warm=WarmOptions(spare_workers=2))
+    try:
+        asyncio.run(executor.sync_nodes({0: Pool.ROLLOUT, 1: Pool.ROLLOUT}))
+        asyncio.run(executor.wait_nodes((0, 1)))
+        asyncio.run(executor.sync_nodes({2: Pool.ROLLOUT, 3: Pool.ROLLOUT}))
+        asyncio.run(asyncio.wait_for(executor.wait_nodes((2, 3)), timeout=30))
+        assert sorted(executor.nodes.nodes) == [2, 3]
+    finally:
+        asyncio.run(executor.close())

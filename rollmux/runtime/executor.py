@@ -81,14 +81,16 @@ class RayExecutor:
         )
 
     async def sync_nodes(self, nodes: dict[int, Pool]) -> None:
-        """Provision the nodes not provisioned yet (from spares first), release the others."""
+        """Release the nodes no longer held, then provision the new ones (from spares first).
+        In that order: a released node's worker becomes a spare that keeps its unit, so a
+        node created before it was released would wait for that unit forever."""
         if not self._discovered:
             await self._discover()
+        for node in [n for n in self.nodes.nodes if n not in nodes]:
+            await asyncio.to_thread(self.nodes.release, node)
         for node, pool in nodes.items():
             if node not in self.nodes.nodes:
                 await asyncio.to_thread(self.nodes.ensure, node, pool)
-        for node in [n for n in self.nodes.nodes if n not in nodes]:
-            await asyncio.to_thread(self.nodes.release, node)
         self._keep_standbys()
 
     async def name_buddies(self, buddies: dict[str, str]) -> None:
