@@ -78,8 +78,11 @@ def no_node_runs_two_jobs(log: list[dict]) -> None:
 
 
 def frozen_holding(api: Client, driver: int) -> dict | None:
-    """Freeze the driver; its job's view if it holds a phase now, else thaw it (None)."""
+    """Freeze the driver; its job's view if it holds a phase now, else thaw it (None). A
+    hand-back the driver sent just before it froze may still be on its way: the view is
+    read once the service has had time to take it."""
     os.kill(driver, signal.SIGSTOP)
+    time.sleep(0.5)
     view = api.request("GET", "/v1/jobs/a")
     if view["phase"]:
         return view

@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from rollmux.inputs.runfile import RunFile
-from rollmux.jobs.trl_grpo import RewardFunc, TRLRollout, TRLTask, TRLTrainer, last_digit_reward
+from rollmux.jobs.trl_grpo import RewardFunc, TRLRollout, TRLTask, TRLTrainer, larger_digit_reward
 from rollmux.runtime.adapter import RolloutAdapter, StaleWeights, TrainerAdapter, WeightsDiscarded
 from rollmux.runtime.launch import RunResult, run_plan, start_ray
 
@@ -77,7 +77,7 @@ def test_the_trl_jobs_take_turns_on_one_rollout_and_one_training_node(alone_and_
 
 
 def test_the_shipped_reward_scores_the_first_character():
-    rewards = last_digit_reward(["3+4="] * 4, ["7", "71", "5", "+"], answer=["7", "7", "7", "7"])
+    rewards = larger_digit_reward(["3,7="] * 4, ["7", "71", "3", ","], answer=["7", "7", "7", "7"])
     assert rewards == [1.0, 1.0, 0.1, 0.0]
 
 
@@ -117,7 +117,7 @@ class TwoRewardTask(TRLTask):
     hidden_size: int = 16
 
     def reward_funcs(self) -> list[RewardFunc]:
-        return [last_digit_reward, short_answer_reward]
+        return [larger_digit_reward, short_answer_reward]
 
     def trl_options(self) -> dict[str, Any]:
         return {**super().trl_options(), "loss_type": "dr_grpo"}

@@ -1,9 +1,11 @@
-"""TRL's GRPO as a RollMux job: a small Qwen2 causal LM, built offline, learns a sum's last digit.
+"""TRL's GRPO as a RollMux job: a small Qwen2 causal LM, built offline, learns to name the larger of two digits.
 
 The model is a Qwen2 of a few layers with random weights, built from its config; the
 tokenizer is a character-level one built in code, so nothing is downloaded. A prompt is
-``d1+d2=``; the shipped reward (:func:`last_digit_reward`) gives 1 when the completion
-starts with the last digit of the sum, 0.1 for another digit, 0 otherwise.
+``d1,d2=``; the shipped reward (:func:`larger_digit_reward`) gives 1 when the completion
+starts with the larger digit, 0.1 for another digit, 0 otherwise. The task is one a model of
+this size visibly learns within a few dozen optimizer steps (mean reward from about 0.2 to
+about 0.6 in 30 iterations), where the last digit of a sum stayed at chance after 300.
 
 Both roles hold a ``trl.GRPOTrainer`` and use TRL's own pieces, through the role adapter
 (:mod:`rollmux.runtime.adapter`):
@@ -57,7 +59,7 @@ from rollmux.runtime.weights import Publisher
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 ENGINES = ("transformers", "vllm")
-CHARACTERS = "0123456789+="
+CHARACTERS = "0123456789+=,"
 
 _GLOBAL_RNG = threading.Lock()
 """Held by whatever seeds or draws from torch's global generator in this process: a worker
@@ -70,13 +72,13 @@ RolloutFunc = Callable[[list[Any], trl.GRPOTrainer], dict[str, Any]]
 """TRL's generation hook: ``(prompts, trainer) -> {prompt_ids, completion_ids, logprobs}``."""
 
 
-def last_digit_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
-    """The shipped reward: 1 for the right last digit first, 0.1 for another digit, else 0."""
+def larger_digit_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """The shipped reward: 1 for the larger digit first, 0.1 for another digit, else 0."""
     return [1.0 if c[:1] == a else 0.1 if c[:1].isdigit() else 0.0 for c, a in zip(completions, answer, strict=True)]
 
 
 def digit_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over digits, ``+`` and ``=``, built in code."""
+    """A character-level tokenizer over digits, ``+``, ``=`` and ``,``, built in code."""
     vocab = {token: index for index, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -97,7 +99,7 @@ class TRLTask:
     methods each role calls on its worker: tokenizer, model, prompts, rewards, TRL options.
 
     The shipped task: a small Qwen2 built from its config with random weights, a tokenizer
-    built in code, prompts ``d1+d2=`` and :func:`last_digit_reward`. A user's script
+    built in code, prompts ``d1,d2=`` and :func:`larger_digit_reward`. A user's script
     subclasses it (fields and methods); every method must be a pure function of the fields
     and its arguments, so both roles, and every restart, build the same thing.
     """
@@ -150,10 +152,10 @@ class TRLTask:
         function of (seed, iteration)."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         digits = torch.randint(0, 10, (self.prompts_per_iteration, 2), generator=gen).tolist()
-        return [{"prompt": f"{a}+{b}=", "answer": str((a + b) % 10)} for a, b in digits]
+        return [{"prompt": f"{a},{b}=", "answer": str(max(a, b))} for a, b in digits]
 
     def reward_funcs(self) -> list[RewardFunc]:
-        return [last_digit_reward]
+        return [larger_digit_reward]
 
     def trl_options(self) -> dict[str, Any]:
         """Further ``trl.GRPOConfig`` fields (loss_type, beta, temperature, ...)."""
