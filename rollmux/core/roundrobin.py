@@ -6,9 +6,11 @@ meta-iteration. The order is set first-come-first-served in the first meta-itera
 (rollouts in arrival order, trainings in the order their rollouts end) and then kept.
 
 The schedule is a max-plus linear system: the state after a meta-iteration (when every
-node becomes free, when every job's training ends) determines the next one. Once the
-state repeats up to a common shift, the schedule is periodic forever, so the period is
-known exactly without guessing how long the start-up transient lasts.
+node becomes free, when every job's training ends) is a max-plus product of a matrix and
+the state before it. Its period is the matrix's maximum cycle mean (Karp's theorem), exact
+whatever the start-up transient. Most groups repeat their state, up to a common shift,
+within a few meta-iterations: the event simulation finds the period that way first, and
+the cycle mean is computed only for those whose transient is longer.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ TRAIN = "train"
 
 _REL_TOL = 1e-9
 _MAX_CYCLICITY = 8
+_QUICK_ROUNDS = 24
+"""Meta-iterations the event simulation tries before the period is computed as a cycle mean."""
+_NONE = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,6 @@ class SteadyState:
     t1: float
     t2: float
     busy_s: dict[int, float]
-    exact: bool
 
     @property
     def cycle(self) -> float:
@@ -189,6 +193,15 @@ def _common_shift(now: tuple[float, ...], before: tuple[float, ...]) -> float | 
     return None
 
 
+def subgroup(seats: Sequence[Seat], order: Order, members: Sequence[int]) -> tuple[list[Seat], Order]:
+    """The seats ``members`` (a component) on their own, numbered from 0, in their order."""
+    position = {seat: k for k, seat in enumerate(members)}
+    return [seats[i] for i in members], Order(
+        rollout=tuple(position[i] for i in order.rollout if i in position),
+        train=tuple(position[i] for i in order.train if i in position),
+    )
+
+
 def components(seats: Sequence[Seat]) -> list[list[int]]:
     """Seats grouped by shared nodes: each component is an irreducible max-plus system."""
     parent = list(range(len(seats)))
@@ -212,42 +225,90 @@ def components(seats: Sequence[Seat]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _component_period(seats: Sequence[Seat], order: Order) -> tuple[float, bool]:
-    """Exact period of a connected set of seats, found when the state repeats."""
-    max_rounds = 40 * len(seats) + 40
+def _component_period(seats: Sequence[Seat], order: Order) -> float:
+    """Exact period of a connected set of seats: found when the state repeats within a few
+    meta-iterations (most groups), else the maximum cycle mean of the round's matrix."""
     history: list[tuple[float, ...]] = []
-    for k, (_, _, state) in enumerate(_rounds(seats, order)):
+    for k, (_, _, state) in enumerate(itertools.islice(_rounds(seats, order), _QUICK_ROUNDS)):
         history.append(state)
         for c in range(1, min(_MAX_CYCLICITY, k) + 1):
             shift = _common_shift(state, history[k - c])
             if shift is not None:
-                return shift / c, True
-        if k + 1 >= max_rounds:
-            half = len(history) // 2
-            return (history[-1][-1] - history[half][-1]) / (len(history) - 1 - half), False
-    raise AssertionError("unreachable")
+                return shift / c
+    return max_cycle_mean(round_matrix(seats, order))
+
+
+Form = dict[int, float]
+"""A max-plus linear form: ``max(x[v] + w for v, w in form.items())`` over the state ``x``."""
+
+
+def round_matrix(seats: Sequence[Seat], order: Order) -> list[Form]:
+    """One meta-iteration as a max-plus matrix: row ``j`` gives the next state's entry ``j``
+    (nodes' free times in node order, then the seats' training ends) as a form over the
+    current state. The same steps as :func:`_rounds`, on forms instead of numbers."""
+    nodes = sorted({n for s in seats for n in (*s.rollout_nodes, *s.train_nodes)})
+    free: dict[int, Form] = {n: {k: 0.0} for k, n in enumerate(nodes)}
+    train_end: list[Form] = [{len(nodes) + i: 0.0} for i in range(len(seats))]
+    rollout_end: list[Form] = [{} for _ in seats]
+    for i in order.rollout:
+        seat = seats[i]
+        rollout_end[i] = _plus(_max(train_end[i], *(free[n] for n in seat.rollout_nodes)), seat.rollout_s)
+        for n in seat.rollout_nodes:
+            free[n] = rollout_end[i]
+    for i in order.train:
+        seat = seats[i]
+        train_end[i] = _plus(_max(rollout_end[i], *(free[n] for n in seat.train_nodes)), seat.train_s)
+        for n in seat.train_nodes:
+            free[n] = train_end[i]
+    return [*(free[n] for n in nodes), *train_end]
+
+
+def _max(*forms: Form) -> Form:
+    merged: Form = {}
+    for form in forms:
+        for v, w in form.items():
+            if v not in merged or w > merged[v]:
+                merged[v] = w
+    return merged
+
+
+def _plus(form: Form, seconds: float) -> Form:
+    return {v: w + seconds for v, w in form.items()}
+
+
+def max_cycle_mean(matrix: Sequence[Form]) -> float:
+    """The largest mean weight of a cycle of the graph with an edge ``v -> j`` of weight
+    ``matrix[j][v]``: the growth per step of ``x(k+1) = matrix (x) x(k)`` in max-plus
+    algebra from any finite start. Karp's theorem, on walks from a virtual source joined to
+    every vertex: ``max_v min_k (D_n(v) - D_k(v)) / (n - k)``, where ``D_k(v)`` is the
+    heaviest walk of ``k`` edges ending at ``v``."""
+    n = len(matrix)
+    walks: list[list[float]] = [[0.0] * n]
+    for _ in range(n):
+        last = walks[-1]
+        walks.append([max((last[v] + w for v, w in row.items() if last[v] != _NONE), default=_NONE) for row in matrix])
+    best = _NONE
+    for v in range(n):
+        if walks[n][v] == _NONE:
+            continue
+        best = max(best, min((walks[n][v] - walks[k][v]) / (n - k) for k in range(n) if walks[k][v] != _NONE))
+    if best == _NONE:
+        raise ValueError("the round's matrix has no cycle: a seat without phases")
+    return best
 
 
 def steady_state(seats: Sequence[Seat], order: Order | None = None) -> SteadyState:
     """Steady-state period of every seat under the cyclic order (FCFS by default)."""
     if not seats:
-        return SteadyState(periods=(), t1=0.0, t2=0.0, busy_s={}, exact=True)
+        return SteadyState(periods=(), t1=0.0, t2=0.0, busy_s={})
     order = order or fcfs_order(seats)
     periods = [0.0] * len(seats)
-    exact = True
     for members in components(seats):
-        position = {seat: k for k, seat in enumerate(members)}
-        sub = [seats[i] for i in members]
-        sub_order = Order(
-            rollout=tuple(position[i] for i in order.rollout if i in position),
-            train=tuple(position[i] for i in order.train if i in position),
-        )
-        period, found = _component_period(sub, sub_order)
-        exact = exact and found
+        period = _component_period(*subgroup(seats, order, members))
         for i in members:
             periods[i] = period
     t1, t2 = lower_bounds(seats)
-    return SteadyState(periods=tuple(periods), t1=t1, t2=t2, busy_s=node_load(seats), exact=exact)
+    return SteadyState(periods=tuple(periods), t1=t1, t2=t2, busy_s=node_load(seats))
 
 
 def timeline(seats: Sequence[Seat], iterations: int, order: Order | None = None) -> list[PhaseRun]:

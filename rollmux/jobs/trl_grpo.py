@@ -330,6 +330,10 @@ class TRLVLLMRollout(VLLMRollout):
             threads=task.threads,
         )
         super().__init__(spec, Publisher(model).publish(version))
+        # TRL's trainer in this role tokenizes and scores; with one optimizer step per
+        # generation it never runs the model (the engine samples), so its tensors are
+        # released: the role's host memory is the host copy of the weights alone.
+        model.to("meta")
 
     def generate(self, iteration: int) -> dict[str, Any]:
         """``num_generations`` completions per prompt from the engine, scored by TRL."""
