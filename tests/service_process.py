@@ -65,6 +65,15 @@ class ServiceProcess:
     def errors(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def stacks(self) -> str:
+        """The service's threads and control-plane tasks as they are now (it dumps them into
+        its log on SIGUSR1 and SIGUSR2): for the message of a test that waited in vain."""
+        assert self.process is not None
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            os.kill(self.process.pid, sig)
+        time.sleep(1.0)
+        return self.errors()[-20_000:]
+
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
         if self.process and self.process.poll() is None:

@@ -151,7 +151,10 @@ def test_platform_failures_restart_a_job_with_back_off_until_its_restarts_run_ou
         assert wait_until(lambda: ended(api, example), timeout_s=300)["state"] == "done"
 
         api.request("POST", "/v1/jobs", json=grpo("a", max_restarts=3))
-        wait_until(lambda: api.request("GET", "/v1/jobs/a")["iterations"] >= 2, timeout_s=300)
+        try:
+            wait_until(lambda: api.request("GET", "/v1/jobs/a")["iterations"] >= 2, timeout_s=120)
+        except TimeoutError:
+            raise AssertionError(f"{api.request('GET', '/v1/jobs/a')}\n{service.stacks()}") from None
         (worker, *_) = pool_workers(service)
         marker.unlink()  # the next driver start meets Ray's OutOfMemoryError
         os.kill(worker, signal.SIGKILL)  # as Ray's memory monitor kills a worker

@@ -62,7 +62,7 @@ from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.failpoints import failpoint
 from rollmux.service.journal import Journal
 from rollmux.service.store import Store
-from rollmux.service.tasks import abandon, describe, spawn
+from rollmux.service.tasks import abandon, describe, install_dumps, spawn
 
 log = logging.getLogger("rollmux.control")
 NODES_PATIENCE_S = 20.0
@@ -240,6 +240,7 @@ class ControlPlane:
     async def start(self) -> None:
         """Start writing, watching leases and capacity, and recover what the executor lost."""
         self._changed, self._regroup_now = asyncio.Event(), asyncio.Event()
+        install_dumps(asyncio.get_running_loop())
         self.journal.start(asyncio.get_running_loop())
         capacity = await self.executor.capacity()
         if capacity is not None:

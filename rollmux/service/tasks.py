@@ -11,7 +11,10 @@ a helper future given up on goes through :func:`abandon`.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import signal
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -59,3 +62,33 @@ def describe(error: BaseException) -> str:
     """'Type: first line of the message', for reasons and logs."""
     first = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def dump_tasks() -> str:
+    """Every task of the running loop with the chain of awaits it is suspended in: what an
+    operator asks for when the control plane seems stuck (``kill -USR2`` on ``rollmux serve``)."""
+    lines = []
+    for task in sorted(asyncio.all_tasks(), key=lambda t: t.get_name()):
+        lines.append(f"{task.get_name()}: {' -> '.join(_awaits(task.get_coro())) or 'running'}")
+    return "\n".join(lines)
+
+
+def _awaits(coro: Any) -> list[str]:
+    """Where a suspended coroutine waits, outermost first (``cr_await`` down to a future)."""
+    where = []
+    while coro is not None and getattr(coro, "cr_frame", None) is not None:
+        frame = coro.cr_frame
+        where.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno})")
+        coro = coro.cr_await
+    if coro is not None:
+        where.append(repr(coro)[:200])
+    return where
+
+
+def install_dumps(loop: asyncio.AbstractEventLoop) -> None:
+    """On SIGUSR1, every thread's stack (faulthandler); on SIGUSR2, every task's (logged).
+    Only where the loop runs in the main thread (``rollmux serve``): signals go there."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    loop.add_signal_handler(signal.SIGUSR2, lambda: log.warning("control plane tasks:\n%s", dump_tasks()))
