@@ -629,17 +629,24 @@ class ControlPlane:
     async def _reconcile(self) -> None:
         """Provision the nodes the state holds, start drivers of placed managed jobs (once
         their restart back-off is over), stop drivers of jobs that ended."""
-        await self._sync_nodes()
+        synced = await self._sync_nodes()
         now = self.clock()
         for job in list(self.state.jobs.values()):
             if not (job.managed and job.state == PLACED and self.launched.get(job.name) != job.launch):
                 continue
+            if not self._provisioned(job.name, synced):
+                continue  # placed while the nodes were synced: the next round (its placement woke it) starts it
             if job.backing_off(now):
                 self._reconcile_at(job.restart_at)
             elif self._settled(job):
                 self._start_launch(job)
         for name in [n for n in self.launched if n not in self.state.jobs]:
             await self.executor.stop_driver(name, self.launched.pop(name))
+
+    def _provisioned(self, name: str, synced: dict[int, Pool]) -> bool:
+        """Every node of the job's seat was among those the executor was just given."""
+        seat = self.state.seat(name)
+        return seat is not None and all(n in synced for n in (*seat.rollout_nodes, *seat.train_nodes))
 
     def _start_launch(self, job: Job) -> None:
         """Launch this incarnation of the job; a launch of an older one still waiting for
@@ -692,7 +699,10 @@ class ControlPlane:
                 await self._persist()
             await reserved
         except KeyError:
-            return  # its nodes were released meanwhile: it ended before it could start
+            if self._current(name, incarnation, (PLACED,)) and self._changed is not None:
+                self.launched.pop(name, None)  # its nodes are not provisioned yet: the next round starts it
+                self._changed.set()
+            return  # else its nodes were released meanwhile: it ended before it could start
         except Exception as error:  # noqa: BLE001 - a node's new worker died too: try again, counted
             log.warning("nodes of %s are not ready: %s", name, describe(error))
             await self._platform_failed(name, incarnation, f"its nodes did not come up: {describe(error)}")
@@ -897,15 +907,17 @@ class ControlPlane:
         if self.state.finish_move(name, epoch, move.decided_at, moved, self.clock()):
             await self._persist()
 
-    async def _sync_nodes(self) -> None:
+    async def _sync_nodes(self) -> dict[int, Pool]:
         """Provision the nodes of the groups and keep those draining; release the rest. One
         at a time, each with the nodes held when it runs (an older list would release a
-        node placed meanwhile)."""
+        node placed meanwhile). Returns the nodes it provisioned: a job placed while it ran
+        may have nodes the executor does not know yet."""
         async with self._syncing:
             held = {**self._warming, **self.state.draining(), **self.state.cluster.node_pool}
             await self.executor.sync_nodes(held)
             self.buddies = self._buddies()
             await self.executor.name_buddies(self.buddies)
+            return held
 
     def _buddies(self) -> dict[str, str]:
         """Where each job with replicas keeps its trainer's copy: the core's buddy plan
