@@ -30,7 +30,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check rollmux tests bench
 	$(BIN)/ruff format --check rollmux tests bench
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/placement_latency.py --jobs 1000

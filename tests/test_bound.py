@@ -103,3 +103,14 @@ def test_price_unit_is_a_rollout_node_in_the_published_model():
 def test_a_job_infeasible_even_alone_is_refused():
     with pytest.raises(ValueError, match="even alone"):
         lower_bound([job(0, 100, 100, 1.5, mem=5000.0)], COST, PLANNING)
+
+
+def test_by_default_the_bound_covers_the_optimums_groups_of_seven():
+    # Issue 27: with groups limited to 6 the bound said 9 units, optimal, where one group of
+    # all seven costs 7. Both now default to the same space: co-location, groups up to 8.
+    drawn = [(40, 6, 1.85), (31, 9, 1.99), (38, 10, 1.8), (33, 12, 1.69), (31, 11, 1.84), (31, 8, 1.81), (29, 12, 1.76)]
+    jobs = [job(i, r, t, slo, mem=10.0) for i, (r, t, slo) in enumerate(drawn)]
+    best = optimum(jobs, COST, PLANNING)
+    bound = lower_bound(jobs, COST, PLANNING)
+    assert bound.value <= best.cost_per_hour + 1e-6
+    assert not bound.optimal or bound.upper == pytest.approx(best.cost_per_hour)

@@ -95,7 +95,7 @@ specs = st.tuples(
 @given(st.lists(specs, min_size=1, max_size=4))
 def test_optimum_equals_the_brute_force_assignment_oracle(drawn):
     jobs = [job(i, r, t, s, mem) for i, (r, t, s, mem) in enumerate(drawn)]
-    assert optimum(jobs, COST, Planning.P95).cost_per_hour == pytest.approx(oracle(jobs))
+    assert optimum(jobs, COST, Planning.P95, colocate=False).cost_per_hour == pytest.approx(oracle(jobs))
 
 
 def colocatable(
@@ -133,13 +133,13 @@ def test_a_search_below_a_price_finds_the_cheapest_or_says_none_is_below(drawn, 
 def test_two_trainers_share_one_rollout_node():
     # Issue 12: period 350 s within the 420 s budget on 1 rollout + 2 training nodes.
     jobs = [job(0, 50, 300, 1.2), job(1, 50, 300, 1.2)]
-    assert optimum(jobs).cost_per_hour == pytest.approx(R + 2 * T) == pytest.approx(98.56)
+    assert optimum(jobs, colocate=False).cost_per_hour == pytest.approx(R + 2 * T) == pytest.approx(98.56)
 
 
 def test_groups_larger_than_three_when_the_slos_allow():
     # Issue 12: four rollout-heavy jobs share one trainer, each on its own rollout node.
     jobs = [job(i, 300, 50, 1.5) for i in range(4)]
-    best = optimum(jobs)
+    best = optimum(jobs, colocate=False)
     assert best.cost_per_hour == pytest.approx(4 * R + T) == pytest.approx(98.56)
     assert [len(g.jobs) for g in best.groups] == [4]
 

@@ -93,7 +93,9 @@ class BoundConfig:
     """The model's group size limit, whether jobs may co-locate, and the work budget
     (counts, not time: the core reads no clock)."""
 
-    max_group: int = 6
+    max_group: int = MAX_GROUP_JOBS
+    """Groups as large as placement builds: a bound over smaller groups only is no bound on
+    what the system (or :func:`rollmux.core.optimum.optimum`) can reach."""
     colocate: bool = True
     rounds: int = 30
     columns_per_round: int = 100

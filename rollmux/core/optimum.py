@@ -76,7 +76,7 @@ def set_partitions(items: Sequence[int]) -> Iterator[list[list[int]]]:
 
 
 def cheapest_group(
-    jobs: Sequence[JobSpec], subset: Sequence[int], cost: CostModel, planning: Planning, colocate: bool = False
+    jobs: Sequence[JobSpec], subset: Sequence[int], cost: CostModel, planning: Planning, colocate: bool = True
 ) -> GroupPlan | None:
     """The cheapest feasible connected configuration of exactly these jobs, or None."""
     config = cheapest_config([jobs[i] for i in subset], cost, planning, colocate)
@@ -92,7 +92,7 @@ def candidate_groups(
     jobs: Sequence[JobSpec],
     cost: CostModel,
     planning: Planning,
-    colocate: bool = False,
+    colocate: bool = True,
     max_group: int = MAX_GROUP_JOBS,
 ) -> list[GroupPlan]:
     """The cheapest feasible configuration of every subset of at most ``max_group`` jobs."""
@@ -109,11 +109,13 @@ def optimum(
     jobs: Sequence[JobSpec],
     cost: CostModel | None = None,
     planning: Planning = DEFAULT_PLANNING,
-    colocate: bool = False,
+    colocate: bool = True,
     max_group: int = MAX_GROUP_JOBS,
 ) -> Optimum:
     """The cheapest partition of ``jobs`` into feasible groups of at most ``max_group``
-    jobs (exact set-partitioning MILP). Raises ProblemTooLarge beyond ``MAX_OPTIMUM_JOBS``
+    jobs (exact set-partitioning MILP), in the configuration space RollMux places in and
+    :func:`rollmux.core.bound.lower_bound` bounds by default: co-located seats allowed,
+    groups up to ``MAX_GROUP_JOBS``. Raises ProblemTooLarge beyond ``MAX_OPTIMUM_JOBS``
     jobs or ``MAX_GROUP_JOBS`` per group: its work grows with the number of subsets."""
     if len(jobs) > MAX_OPTIMUM_JOBS or not 1 <= max_group <= MAX_GROUP_JOBS:
         raise ProblemTooLarge(
