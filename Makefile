@@ -50,6 +50,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/replica_copy.py --mib 512
 	$(BIN)/python bench/hostile_plan.py
 	$(BIN)/python bench/regroup_bounds.py --plans 100 --seed 1
+	$(BIN)/python bench/engine_switch.py
+	$(BIN)/python bench/vllm_example.py
+	$(BIN)/python bench/steady_state_exact.py
+	$(BIN)/python bench/bound_vs_optimum.py
 	$(BIN)/python bench/scenarios.py
 
 clean:

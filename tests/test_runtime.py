@@ -192,13 +192,17 @@ def test_emulated_jobs_wait_their_phases_on_real_tensors(local_ray, tmp_path):
     entry = "rollmux.jobs.emulated:EmulatedJob.from_context"
     result = run(tmp_path, *(job(n, iterations=4, entrypoint=entry) | {"args": emulated} for n in ("e1", "e2")))
     assert not result.errors and [len(result.histories[n]) for n in ("e1", "e2")] == [4, 4]
+    expected = {"rollout": 0.2, "train": 0.1}
     for record in result.records:
-        # The job waits out its phase from grant to release (its switching included), less
-        # the hand-back it expects from the last ones: on a busy machine that estimate is off
-        # by tens of ms either way, so only a phase not waited (or a stuck one) fails.
-        held, expected = record.released - record.granted, 0.2 if record.phase == "rollout" else 0.1
-        assert expected / 2 <= held < expected + 2.0
+        assert record.released - record.granted < expected[record.phase] + 2.0  # none stuck
         assert record.wake_s > 0 and record.sleep_s > 0
+    # The job waits out each phase from grant to release (its switching included), less the
+    # hand-back it expects from the last ones, a moving average: one phase may be short by
+    # as much as that average is off (105 ms beside a CPU hog), but over the run they hold
+    # what the profile says.
+    for kind, seconds in expected.items():
+        held = [r.released - r.granted for r in result.records if r.phase == kind]
+        assert sum(held) / len(held) >= 0.75 * seconds, (kind, held)
     assert {r.nodes for r in result.records if r.phase == "rollout"} == {result.records[0].nodes}  # one group
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from rollmux.cli.main import app
+from rollmux.cli.main import app, estimated_line
 from rollmux.core.placement import RandomPolicy, RollMuxPolicy, SoloPolicy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
 from rollmux.sim.compare import compare
+from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import fluid_lower_bound_usd, simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -164,3 +166,18 @@ def test_jobs_leaving_together_are_not_regrouped_between_their_departures(monkey
     leaving_at_end = sum(job.departure == 3 * 3600 for job in three_hours.jobs)
     simulate(three_hours, RollMuxPolicy(), regroup=RegroupConfig())
     assert leaving_at_end > 1 and seen[-1] == 0 and seen[-2] == leaving_at_end
+
+
+def test_jobs_run_co_located_on_estimated_times_are_named_with_their_hours():
+    # Issue 27: without co-located times RollMux co-located jobs on the estimate and said nothing.
+    generated = generate(TraceShape(jobs=40, mix="training-heavy", arrivals="uniform", seed=3))
+    trace = Trace(tuple(replace(j, spec=replace(j.spec, colocated=None)) for j in generated.jobs))
+    result = simulate(trace, RollMuxPolicy(), regroup=RegroupConfig())
+    estimated = result.estimated_jobs()
+    assert estimated, "the mix should co-locate some jobs (else this test checks nothing)"
+    assert set(estimated) == {name for name, a in result.jobs.items() if a.colocated_s > 0}
+    summary = result.summary()
+    assert summary["estimated_colocated_jobs"] == len(estimated)
+    assert summary["estimated_colocated_job_hours"] == pytest.approx(summary["colocated_job_hours"])
+    line = estimated_line(result)
+    assert f"{len(estimated)} jobs ran co-located on estimated times" in line and "1.98 x rollout" in line

@@ -70,5 +70,8 @@ def test_realised_accounting_of_fixed_times_matches_the_planned_one():
     )
     planned = simulate(trace, RollMuxPolicy()).summary()
     realised = simulate(trace, RollMuxPolicy(), realise=Realisation(seed=0)).summary()
+    # The realised periods are a mean over 360 meta-iterations after a start-up of 40; the
+    # planned ones exact: a group whose schedule settles late differs by its transient over
+    # those 360 (1.6e-6 of a busy fraction here).
     for key in ("cost_usd", "slo_attainment", "mean_slowdown", "rollout_busy_fraction", "train_busy_fraction"):
-        assert realised[key] == pytest.approx(planned[key], rel=1e-6), key
+        assert realised[key] == pytest.approx(planned[key], rel=1e-5), key

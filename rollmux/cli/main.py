@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollmux.core.cluster import Cluster
+from rollmux.core.configs import COLOCATED_ESTIMATE_RULE
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
 from rollmux.core.spec import DEFAULT_PLANNING, Planning, Pool
@@ -187,6 +188,9 @@ def simulate(
     out.print(fluid_line(result), highlight=False)
     if regroup:
         out.print(regroup_line(result.results[result.reference]), highlight=False)
+    estimated = estimated_line(result.results[result.reference])
+    if estimated:
+        out.print(estimated, highlight=False)
     if failure_model:
         out.print(failures_table(result))
         for line in failures_lines(result):
@@ -341,6 +345,21 @@ def regroup_line(result: SimResult) -> str:
         f"regrouping ({result.policy}): {result.regroup_rounds} rounds, {result.regroup_rounds_exhausted} stopped "
         f"on their work budget (each kept the best plan it had found); at most {result.regroup_peak_cached} "
         "solved sets cached"
+    )
+
+
+def estimated_line(result: SimResult, named: int = 5) -> str:
+    """Which jobs ran co-located on estimated times, and for how long (empty if none)."""
+    jobs = sorted(result.estimated_jobs().items(), key=lambda item: -item[1].colocated_s)
+    if not jobs:
+        return ""
+    hours = sum(a.colocated_s for _, a in jobs) / 3600.0
+    total = sum(a.colocated_s for a in result.jobs.values()) / 3600.0
+    shown = ", ".join(f"{name} ({a.colocated_s / 3600.0:,.1f} h)" for name, a in jobs[:named])
+    more = f" and {len(jobs) - named} more" if len(jobs) > named else ""
+    return (
+        f"estimated ({result.policy}): {len(jobs)} jobs ran co-located on estimated times, {hours:,.1f} of "
+        f"{total:,.1f} co-located job-hours: {shown}{more}. Rule: {COLOCATED_ESTIMATE_RULE}; the JSON lists them all"
     )
 
 

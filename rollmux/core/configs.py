@@ -44,6 +44,11 @@ COLOCATED_RATIO_TRAIN = 1.03
 largest ratio of the production profile's co-located to disaggregated time, per phase
 (rollout ranges 0.61-1.98, training 0.85-1.03). The largest, so an estimate never
 promises an SLO that measured times would break on any profiled job type."""
+COLOCATED_ESTIMATE_RULE = (
+    f"co-located rollout = {COLOCATED_RATIO_ROLLOUT} x rollout, co-located training = {COLOCATED_RATIO_TRAIN} x "
+    "training (rollmux.core.configs.colocated_phases), where a job's profile gives no co-located times"
+)
+"""How planning says which times it estimated (simulate's table and JSON)."""
 
 
 def colocated_phases(job: JobSpec) -> tuple[PhaseTime, PhaseTime]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rollmux.core.cluster import MAX_GROUP_JOBS, Candidate, Cluster, Group, Member, PlacementKind
+from rollmux.core.configs import with_colocated_times
 from rollmux.core.errors import ResidencyExceeded
 from rollmux.core.roundrobin import SteadyState
 from rollmux.core.spec import JobSpec, Pool
@@ -88,6 +89,25 @@ def scale_rollout_candidates(cluster: Cluster, group: Group, job: JobSpec) -> It
         yield Candidate(PlacementKind.SCALE_ROLLOUT, group.id, member, new_rollout, delta)
 
 
+def colocated_pack_candidates(cluster: Cluster, group: Group, job: JobSpec) -> Iterator[Candidate]:
+    """The job co-located on the group's training nodes (marginal cost 0): both its phases
+    there, on its co-located times (measured, else the documented estimate, reported as
+    such by the simulator)."""
+    if _full(group):
+        return
+    colocated = with_colocated_times(job)
+    for train in _node_choices(cluster, group, job, Pool.TRAIN):
+        yield Candidate(PlacementKind.PACK, group.id, Member(colocated, train, train, colocated=True), (), 0.0)
+
+
+def isolate_colocated(cluster: Cluster, job: JobSpec) -> Candidate:
+    """A new group of training nodes only, the job running both phases there (veRL style)."""
+    train = _new_nodes(Pool.TRAIN, job.train_width, -1)
+    ids = tuple(n for n, _ in train)
+    member = Member(with_colocated_times(job), ids, ids, colocated=True)
+    return Candidate(PlacementKind.ISOLATE, None, member, train, job.train_width * cluster.cost.price(Pool.TRAIN))
+
+
 def group_candidates(cluster: Cluster, group: Group, job: JobSpec) -> Iterator[Candidate]:
     """Every residency-respecting candidate in one group, cheapest kind first."""
     yield from pack_candidates(cluster, group, job)
@@ -126,26 +146,48 @@ def _within_slo(cluster: Cluster, group: Group | None, candidate: Candidate, sta
     )
 
 
+COLOCATE_ALONE_ROLLOUT_SHARE = 0.45
+"""A job starts a co-located group of its own only if its rollout is at most this share of
+its iteration: a balanced job isolated co-located takes a trainer that later jobs could
+have packed around, while a training-bound one would leave a rollout node of its own
+mostly idle. Chosen by measurement (bench/online_placement.py)."""
+
+
+def _training_bound(cluster: Cluster, job: JobSpec) -> bool:
+    rollout = job.rollout.planned(cluster.planning)
+    return rollout <= COLOCATE_ALONE_ROLLOUT_SHARE * job.planned_iteration(cluster.planning)
+
+
 @dataclass
 class RollMuxPolicy:
     """Least marginal cost placement within every touched job's SLO and the residency limit.
 
-    Candidates are tried cheapest first: pack into an existing group (no new node), then
-    scale a group's rollout side (new rollout nodes only), then isolate (new group). Within
-    a level, groups are tried oldest first and the first feasible candidate wins (first
-    fit). Feasibility is the exact steady state of the group's round-robin schedule with
-    the job added, so groups bound by a shared node (T2 > T1) are used as long as every
-    member's SLO holds. ``scale_rollout=False`` gives the pack-or-isolate ablation.
+    Candidates are tried by marginal cost, cheapest first: pack into an existing group (no
+    new node), disaggregated, then co-located on its training nodes; then whichever of
+    scaling a group's rollout side (new rollout nodes only) and a co-located group of its
+    own (new training nodes only) adds the cheaper nodes; then isolate (a new disaggregated
+    group). Within a level, groups are tried oldest first and the first feasible candidate
+    wins (first fit). Feasibility is the exact steady state of the group's round-robin
+    schedule with the job added, so groups bound by a shared node (T2 > T1) are used as
+    long as every member's SLO holds. ``scale_rollout=False`` gives the pack-or-isolate
+    ablation; ``colocate=False`` never co-locates (placement before 2026-12-03).
     """
 
     name: str = "rollmux"
     scale_rollout: bool = True
+    colocate: bool = True
 
     def choose(self, cluster: Cluster, job: JobSpec) -> Candidate:
         check_residency(cluster, job)
         hosts = [g for g in cluster.groups.values() if _group_may_host(cluster, g, job)]
-        levels = [pack_candidates, scale_rollout_candidates] if self.scale_rollout else [pack_candidates]
-        for level in levels:
+        for level in self._levels(cluster, job):
+            if level is isolate_colocated:
+                alone = isolate_colocated(cluster, job)
+                if _training_bound(cluster, job) and _within_slo(
+                    cluster, None, alone, cluster.evaluate(None, alone.member)
+                ):
+                    return alone
+                continue
             for group in hosts:
                 for candidate in level(cluster, group, job):
                     if _may_fit(cluster, group, candidate) and _within_slo(
@@ -153,6 +195,17 @@ class RollMuxPolicy:
                     ):
                         return candidate
         return isolate(cluster, job)
+
+    def _levels(self, cluster: Cluster, job: JobSpec) -> list:
+        """The candidate kinds in order of the nodes they add (stable for equal prices)."""
+        levels: list = [pack_candidates]
+        priced = []
+        if self.colocate:
+            levels.append(colocated_pack_candidates)
+            priced.append((job.train_width * cluster.cost.price(Pool.TRAIN), 1, isolate_colocated))
+        if self.scale_rollout:
+            priced.append((job.rollout_width * cluster.cost.price(Pool.ROLLOUT), 0, scale_rollout_candidates))
+        return levels + [level for _, _, level in sorted(priced, key=lambda p: (p[0], p[1]))]
 
 
 def check_residency(cluster: Cluster, job: JobSpec) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from rollmux.core.configs import COLOCATED_ESTIMATE_RULE
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
@@ -63,6 +64,13 @@ class Comparison:
             "jobs": {
                 name: {job: {"slowdown": a.slowdown, "slo": a.spec.slo} for job, a in r.jobs.items() if a.seconds > 0}
                 for name, r in self.results.items()
+            },
+            "estimated": {
+                "rule": COLOCATED_ESTIMATE_RULE,
+                "colocated_job_hours": {
+                    name: {job: a.colocated_s / 3600.0 for job, a in r.estimated_jobs().items()}
+                    for name, r in self.results.items()
+                },
             },
             "example_group": [{"job": job, **asdict(seat)} for job, seat in self.results[ref].example_group],
             **({"failures": self.failures_json()} if self.failure_model else {}),

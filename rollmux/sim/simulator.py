@@ -52,6 +52,13 @@ class JobAccount:
     paused_s: float = 0.0
     lost_s: float = 0.0
     """Seconds without progress after node failures: recovery downtime plus progress redone."""
+    colocated_s: float = 0.0
+    """Seconds seated co-located (both phases on training nodes)."""
+
+    @property
+    def colocated_estimated(self) -> bool:
+        """It ran co-located on times the planner estimated (its profile gave none)."""
+        return self.colocated_s > 0 and self.spec.colocated is None
 
     @property
     def slowdown(self) -> float:
@@ -134,6 +141,10 @@ class SimResult:
     def slowdowns(self) -> list[float]:
         return sorted(j.slowdown for j in self.jobs.values() if j.seconds > 0)
 
+    def estimated_jobs(self) -> dict[str, JobAccount]:
+        """Jobs that ran co-located on estimated times (see ``configs.colocated_phases``)."""
+        return {name: j for name, j in self.jobs.items() if j.colocated_estimated}
+
     def summary(self) -> dict[str, float]:
         slow = self.slowdowns()
         hours = self.span_s / HOUR
@@ -152,6 +163,9 @@ class SimResult:
             "regroup_rounds": self.regroup_rounds,
             "regroup_rounds_exhausted": self.regroup_rounds_exhausted,
             "regroup_peak_cached": self.regroup_peak_cached,
+            "colocated_job_hours": sum(j.colocated_s for j in self.jobs.values()) / HOUR,
+            "estimated_colocated_job_hours": sum(j.colocated_s for j in self.estimated_jobs().values()) / HOUR,
+            "estimated_colocated_jobs": len(self.estimated_jobs()),
         }
         for pool, account in self.pools.items():
             out[f"{pool.value}_node_hours"] = account.node_seconds / HOUR
@@ -180,6 +194,7 @@ class _Rates:
     slowdowns: dict[str, float]
     nodes: dict[Pool, int]
     busy_nodes: dict[Pool, float]
+    colocated: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -233,7 +248,8 @@ def _rates(cluster: Cluster, realise: Realisation | None, cache: dict) -> _Rates
         slowdowns, busy = _realised(cluster, realise, cache)
     else:
         slowdowns, busy = cluster.slowdowns(), {pool: cluster.busy_node_fraction(pool)[0] for pool in Pool}
-    return _Rates(cluster.cost_per_hour(), slowdowns, {pool: cluster.nodes(pool) for pool in Pool}, busy)
+    colocated = frozenset(m.job.name for group in cluster.groups.values() for m in group.members if m.colocated)
+    return _Rates(cluster.cost_per_hour(), slowdowns, {pool: cluster.nodes(pool) for pool in Pool}, busy, colocated)
 
 
 def simulate(
@@ -339,6 +355,8 @@ def _accrue(result: SimResult, rates: _Rates, dt: float) -> None:
         account = result.jobs[name]
         account.seconds += dt
         account.work_s += dt / slowdown
+        if name in rates.colocated:
+            account.colocated_s += dt
         if slowdown <= account.spec.slo * (1 + _SLO_TOL):
             account.within_slo_s += dt
 
