@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     table = Table(title=f"online placement, {args.jobs} jobs per mix, seed {args.seed} (costs in $)")
     for column in ("mix", "rollmux", "no co-location", "solo", "colocated", "rollmux / min", "SLO", "co-located h"):
-        table.add_column(column, justify="left" if column == "mix" else "right")
+        table.add_column(column, justify="left" if column == "mix" else "right", no_wrap=True, overflow="fold")
     worst = 0.0
     for mix, shape in MIXES.items():
         trace = generate(replace(shape, jobs=args.jobs, seed=args.seed))
@@ -56,7 +56,7 @@ def main() -> None:
             f"{100 * summary['slo_attainment']:.1f}%",
             f"{summary['colocated_job_hours']:,.0f}",
         )
-    Console().print(table)
+    Console(width=160).print(table)
     print(f"worst_rollmux_over_min={worst:.3f} ok={worst <= 1.0}")
 
 
