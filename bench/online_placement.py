@@ -17,16 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rollmux.core.placement import ColocatedPolicy, RollMuxPolicy, SoloPolicy
-from rollmux.sim.generate import TraceShape, generate
+from rollmux.sim.generate import BENCH_SHAPES, generate
 from rollmux.sim.simulator import simulate
-
-MIXES = {
-    "uniform": TraceShape(mix="production", arrivals="uniform"),
-    "rollout-heavy": TraceShape(mix="rollout-heavy", arrivals="uniform"),
-    "training-heavy": TraceShape(mix="training-heavy", arrivals="uniform"),
-    "bursty": TraceShape(mix="production", arrivals="bursty"),
-    "long-lived": TraceShape(mix="production", arrivals="uniform", median_hours=48.0),
-}
 
 
 def main() -> None:
@@ -38,7 +30,7 @@ def main() -> None:
     for column in ("mix", "rollmux", "no co-location", "solo", "colocated", "rollmux / min", "SLO", "co-located h"):
         table.add_column(column, justify="left" if column == "mix" else "right", no_wrap=True, overflow="fold")
     worst = 0.0
-    for mix, shape in MIXES.items():
+    for mix, shape in BENCH_SHAPES.items():
         trace = generate(replace(shape, jobs=args.jobs, seed=args.seed))
         runs = {
             "rollmux": simulate(trace, RollMuxPolicy()),

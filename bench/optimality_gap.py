@@ -9,8 +9,15 @@ the set partitioning by column generation, raised by an exact search over the co
 that could beat the best placement found) and reports RollMux's gap to that bound. Where
 at most ``--max-exact-jobs`` jobs run it also solves the exact optimum
 (rollmux.core.optimum, every subset, MILP) and reports the exact gap. Per trace one summary
-line; the last line is the mean gap to the bound over both traces. Snapshots are bounded
-in runs of consecutive ones spread over ``--workers`` processes (one per core by default).
+line, with the migrations per job and the share of the trace's cost they took; the last
+line is the mean gap to the bound over all traces. Snapshots are bounded in runs of
+consecutive ones spread over ``--workers`` processes (one per core by default).
+
+``--mixes`` measures the five synthetic mixes of rollmux.sim.generate.BENCH_SHAPES
+instead (uniform, rollout-heavy, training-heavy, bursty, long-lived; ``--jobs`` each);
+``--mixes --quick 30`` is the mode that finishes in minutes (every 30th snapshot).
+``charged_gap`` adds the migrations' dollars, as a share of the trace's cost, to the mean
+gap: the gap with regrouping's migrations charged.
 
 The bound holds for placements inside its model (``cheapest_config``'s configurations),
 so every snapshot also checks that each of RollMux's groups (each connected part of one:
@@ -38,8 +45,8 @@ from rollmux.core.regroup import RegroupConfig
 from rollmux.core.roundrobin import components
 from rollmux.core.spec import CostModel, JobSpec, Planning
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
-from rollmux.sim.generate import TraceShape, generate
-from rollmux.sim.simulator import simulate
+from rollmux.sim.generate import BENCH_SHAPES, TraceShape, generate
+from rollmux.sim.simulator import SimResult, simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 RUN = 8
@@ -75,6 +82,9 @@ class Bounded:
 
 @dataclass
 class Tally:
+    jobs: int
+    migrations: int
+    migration_share: float
     gaps: list[float] = field(default_factory=list)
     exact_gaps: list[float] = field(default_factory=list)
     proven_optimal: int = 0
@@ -94,7 +104,7 @@ class Tally:
         line = (
             f"snapshot={bounded.index} jobs={len(snap.jobs)} usd_h={snap.usd_h:.2f} bound_usd_h={bounded.value:.2f} "
             f"gap={100 * self.gaps[-1]:.2f}% lp_usd_h={bounded.lp:.2f} best_found_usd_h={bounded.upper:.2f}"
-            f" outside_model={bounded.outside_model}"
+            f" outside_model={bounded.outside_model} bound_s={bounded.seconds:.1f}"
         )
         if bounded.optimum is not None:
             self.exact_gaps.append(snap.usd_h / bounded.optimum - 1)
@@ -103,8 +113,9 @@ class Tally:
         return line
 
 
-def snapshots(trace: Trace, planning: Planning) -> tuple[list[Snapshot], CostModel]:
-    """Every event's snapshot with at least one running job, under RollMux + regrouping."""
+def snapshots(trace: Trace, planning: Planning) -> tuple[list[Snapshot], CostModel, SimResult]:
+    """Every event's snapshot with at least one running job, under RollMux + regrouping,
+    and the run's result."""
     taken: list[Snapshot] = []
     cost = CostModel()
 
@@ -115,8 +126,8 @@ def snapshots(trace: Trace, planning: Planning) -> tuple[list[Snapshot], CostMod
             parts = tuple(part for g in cluster.groups.values() for part in connected_parts(cluster, g))
             taken.append(Snapshot(jobs, cluster.cost_per_hour(), groups, parts))
 
-    simulate(trace, RollMuxPolicy(), cost=cost, planning=planning, on_event=take, regroup=RegroupConfig())
-    return taken, cost
+    result = simulate(trace, RollMuxPolicy(), cost=cost, planning=planning, on_event=take, regroup=RegroupConfig())
+    return taken, cost, result
 
 
 _CONFIGS: dict = {}
@@ -196,13 +207,18 @@ def outside_model(snap: Snapshot, cost: CostModel, planning: Planning) -> int:
     return missed
 
 
-def measure(name: str, trace: Trace, args: argparse.Namespace, pool: ProcessPoolExecutor) -> Tally:
+def measure(
+    name: str,
+    simulated: tuple[list[Snapshot], CostModel, SimResult],
+    args: argparse.Namespace,
+    pool: ProcessPoolExecutor,
+) -> Tally:
     """Bound every (or every ``--quick``-th) snapshot, runs of consecutive snapshots spread
     over the worker processes; lines printed in snapshot order as runs complete."""
-    taken, cost = snapshots(trace, Planning.P95)
+    taken, cost, result = simulated
     chosen = list(enumerate(taken, 1))[:: max(1, args.quick)]
     runs = [chosen[k : k + RUN] for k in range(0, len(chosen), RUN)]
-    tally = Tally()
+    tally = Tally(len(result.jobs), result.migrations, result.migration_usd / result.cost_usd)
     repeat = [len(runs) * [value] for value in (cost, args.max_exact_jobs, args.escalate)]
     for bounded_run in pool.map(bound_run, runs, *repeat):
         for bounded in bounded_run:
@@ -219,9 +235,12 @@ def summary(name: str, tally: Tally) -> str:
         if tally.exact_gaps
         else "exact_snapshots=0"
     )
+    mean = statistics.fmean(tally.gaps)
     return (
-        f"trace={name} snapshots={len(tally.gaps)} mean_gap_to_bound={100 * statistics.fmean(tally.gaps):.2f}% "
+        f"trace={name} snapshots={len(tally.gaps)} mean_gap_to_bound={100 * mean:.2f}% "
         f"max_gap={100 * max(tally.gaps):.2f}% min_gap={100 * min(tally.gaps):.2f}% "
+        f"charged_gap={100 * (mean + tally.migration_share):.2f}% "
+        f"migrations_per_job={tally.migrations / tally.jobs:.2f} "
         f"proven_optimal={tally.proven_optimal} escalated={tally.escalated} outside_model={tally.outside_model} "
         f"{exact} bound_s={tally.seconds:.1f}"
     )
@@ -235,11 +254,28 @@ def silence_stdout() -> None:
     os.close(devnull)
 
 
+def chosen_traces(args: argparse.Namespace) -> dict[str, Trace]:
+    """The five synthetic mixes (``--mixes``), or the production trace and a rollout-heavy one."""
+    if args.mixes:
+        names = args.only or list(BENCH_SHAPES)
+        return {name: generate(replace(BENCH_SHAPES[name], jobs=args.jobs, seed=args.seed)) for name in names}
+    production = read_trace(
+        DATA / "production-200jobs.trace",
+        load_profile(DATA / "production-profile.json"),
+        uniform_slo(1.2, 1.5, args.seed),
+    )
+    shape = TraceShape(jobs=args.rollout_heavy_jobs, mix="rollout-heavy", arrivals="uniform", seed=args.seed)
+    return {"production": production, "rollout-heavy": generate(shape)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-exact-jobs", type=int, default=8, help="solve the exact optimum up to this many jobs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the SLO draw and of the generated trace")
     parser.add_argument("--rollout-heavy-jobs", type=int, default=60)
+    parser.add_argument("--mixes", action="store_true", help="the five synthetic mixes instead of the two traces")
+    parser.add_argument("--jobs", type=int, default=300, help="jobs per mix (with --mixes)")
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCH_SHAPES), help="these mixes only (with --mixes)")
     parser.add_argument("--quick", type=int, default=0, metavar="K", help="only every K-th snapshot")
     parser.add_argument("--quiet", action="store_true", help="only the summary lines")
     parser.add_argument(
@@ -247,15 +283,10 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes bounding snapshots")
     args = parser.parse_args()
-    production = read_trace(
-        DATA / "production-200jobs.trace",
-        load_profile(DATA / "production-profile.json"),
-        uniform_slo(1.2, 1.5, args.seed),
-    )
-    shape = TraceShape(jobs=args.rollout_heavy_jobs, mix="rollout-heavy", arrivals="uniform", seed=args.seed)
+    traces = chosen_traces(args)
     with ProcessPoolExecutor(max_workers=max(1, args.workers), initializer=silence_stdout) as pool:
-        tallies = {"production": measure("production", production, args, pool)}
-        tallies["rollout-heavy"] = measure("rollout-heavy", generate(shape), args, pool)
+        simulated = dict(zip(traces, pool.map(snapshots, traces.values(), len(traces) * [Planning.P95]), strict=True))
+        tallies = {name: measure(name, simulated[name], args, pool) for name in traces}
     for name, tally in tallies.items():
         print(summary(name, tally))
     gaps = [g for tally in tallies.values() for g in tally.gaps]

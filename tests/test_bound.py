@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollmux.core.bound import BoundConfig, lower_bound, price_unit
+from rollmux.core.bound import BoundConfig, _Exact, lower_bound, price_unit
 from rollmux.core.cluster import Cluster
+from rollmux.core.configs import Config
 from rollmux.core.optimum import optimum
 from rollmux.core.placement import RollMuxPolicy, place
 from rollmux.core.spec import CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool
@@ -114,3 +115,14 @@ def test_by_default_the_bound_covers_the_optimums_groups_of_seven():
     bound = lower_bound(jobs, COST, PLANNING)
     assert bound.value <= best.cost_per_hour + 1e-6
     assert not bound.optimal or bound.upper == pytest.approx(best.cost_per_hour)
+
+
+def test_every_job_alone_is_searched_however_much_earlier_parts_spent():
+    # Seen on a 300-job uniform trace: earlier independent parts spent the call's steps, and
+    # the next part's seed (a job alone) came back unknown and was refused as infeasible.
+    spent = _Exact({}, COST, PLANNING, colocate=True, left=0, steps_per_search=50_000, steps=0)
+    alone = spent.get([job(0, 100, 50, 1.0)], always=True)
+    assert isinstance(alone, Config) and alone.cost_per_hour == pytest.approx(
+        COST.price(Pool.ROLLOUT) + COST.price(Pool.TRAIN)
+    )
+    assert not isinstance(spent.get([job(1, 100, 50, 1.0)]), Config), "other searches stay within the steps"

@@ -22,7 +22,7 @@ def start(state: ControlState, names: str, now: float = 0.0) -> dict[str, int]:
 
 def half_empty() -> tuple[ControlState, dict[str, int]]:
     """Two groups of three, then two jobs of one group and one of the other leave: a, d, f
-    are left on four nodes where two would do."""
+    are left on four nodes where two would do (a joins d and f: one move)."""
     state = control()
     epochs = start(state, "abcdef")
     assert len(state.cluster.groups) == 2
@@ -45,7 +45,7 @@ def test_regrouping_moves_jobs_at_their_phase_boundary_and_keeps_their_old_nodes
     old_nodes = set(grant.nodes)
     state.drain()
     moved = state.regroup(FREE_MOVES, RegroupState(), 3.0)
-    assert sorted(moved) == ["a", "d", "f"], "the three left over share one new group"
+    assert moved == ["a"], "a joins d and f where they are: one move, not three"
     delta = state.drain()
     assert "a" not in delta.movable, "a holds a grant: it moves at its phase boundary"
     assert delta.movable == set(moved) - {"a"}
@@ -64,20 +64,18 @@ def test_regrouping_moves_jobs_at_their_phase_boundary_and_keeps_their_old_nodes
     assert all(m.pause_s >= 0 and m.outcome == "moved" for m in delta.moves)
     assert old_nodes <= {n.node for n in delta.nodes if not n.held}, "old nodes given back once a's state landed"
     assert len(state.cluster.groups) == 1
-    a = state.acquire("a", "train", epochs["a"], 5.0)
     seat = state.seat("a")
-    assert a is not None and a.nodes == seat.train_nodes and not set(a.nodes) & old_nodes
+    assert state.jobs["a"].in_turns and not {*seat.rollout_nodes, *seat.train_nodes} & old_nodes
 
 
 def test_the_nodes_a_moving_job_still_holds_are_nobody_elses():
     state, epochs = half_empty()
-    grant = state.acquire("d", "rollout", epochs["d"], 2.0)
-    state.regroup(FREE_MOVES, RegroupState(), 3.0)
-    state.finish_move("f", epochs["f"], state.jobs["f"].move.decided_at, 0, 3.5)
+    grant = state.acquire("a", "rollout", epochs["a"], 2.0)
+    assert state.regroup(FREE_MOVES, RegroupState(), 3.0) == ["a"]
     for turns in state.turns.values():
-        assert all(turns.holder.get(n) in (None, "d") for n in grant.nodes)
-    assert state.acquire("f", "rollout", epochs["f"], 3.5) is not None, "f goes on in its new group"
-    assert not set(state.jobs["f"].grant.nodes) & set(grant.nodes)
+        assert all(turns.holder.get(n) in (None, "a") for n in grant.nodes)
+    assert state.acquire("d", "rollout", epochs["d"], 3.5) is not None, "d goes on in the group a joins"
+    assert not set(state.jobs["d"].grant.nodes) & set(grant.nodes)
 
 
 def test_a_move_survives_a_restart_of_the_control_plane(tmp_path):
@@ -156,10 +154,10 @@ def test_jobs_not_started_yet_are_reseated_at_once_without_a_move():
         state.end(name, DONE, 1.0)
     before = held_nodes(state)
     moved = state.regroup(RegroupConfig(), RegroupState(), 2.0)
-    assert sorted(moved) == ["a", "d", "f"] and len(state.cluster.groups) == 1
+    assert moved == ["a"] and len(state.cluster.groups) == 1
     delta = state.drain()
     assert not delta.moves and not delta.movable and state.moving() == []
-    assert {e.job for e in delta.events if e.kind == "reseated"} == {"a", "d", "f"}
+    assert {e.job for e in delta.events if e.kind == "reseated"} == {"a"}
     now_held = (before | {n.node for n in delta.nodes if n.held}) - {n.node for n in delta.nodes if not n.held}
     assert now_held == set(state.cluster.node_pool), "nodes no seat uses are not paid for"
 
@@ -169,15 +167,16 @@ def test_a_running_job_is_moved_only_once_its_pause_fits_its_slo_over_its_life()
     cannot afford a 30 s pause within an SLO of 1.6; the same jobs a day old can."""
     state, epochs = half_empty()
     assert state.regroup(RegroupConfig(), RegroupState(), 3.0) == []
-    assert sorted(state.regroup(RegroupConfig(), RegroupState(), 86_400.0)) == ["a", "d", "f"]
+    assert state.regroup(RegroupConfig(), RegroupState(), 86_400.0) == ["a"]
 
 
 def test_a_job_keeps_the_pauses_of_its_moves():
     state, epochs = half_empty()
     state.regroup(FREE_MOVES, RegroupState(), 3.0)
-    decided = state.jobs["d"].move.decided_at
-    assert state.finish_move("d", epochs["d"], decided, 0, 3.25)
-    assert state.jobs["d"].paused_s == 0.25 and state.jobs["a"].paused_s == 0.0
+    decided = state.jobs["a"].move.decided_at
+    assert state.finish_move("a", epochs["a"], decided, 0, 3.25)
+    assert state.jobs["a"].paused_s == 0.25 and state.jobs["d"].paused_s == 0.0
+    assert state.jobs["a"].moves == 1 and state.jobs["d"].moves == 0
 
 
 def test_a_job_whose_driver_is_on_its_way_keeps_its_seat():
@@ -207,3 +206,15 @@ def test_nodes_a_moving_job_still_keeps_are_paid_after_their_group_is_gone():
     state.finish_move("c", epochs["c"], state.jobs["c"].move.decided_at, 0, now + 2)
     released = [n.node for n in state.drain().nodes if not n.held]
     assert sorted(released) == sorted(old)
+
+
+def test_a_job_beyond_its_budget_of_moves_stays_where_it_is():
+    """One move at any time, plus ``moves_per_day`` per day run: a job that moved once
+    moves again only a day later."""
+    budget = RegroupConfig(pause_s=0.0, s_per_gb=0.0, moves_per_day=1.0)
+    state, _ = half_empty()
+    state.jobs["a"].moves = 1
+    assert "a" not in state.regroup(budget, RegroupState(), 3.0), "a used its move"
+    again, _ = half_empty()
+    again.jobs["a"].moves = 1
+    assert again.regroup(budget, RegroupState(), 86_400.0) == ["a"], "a day later it has one more"

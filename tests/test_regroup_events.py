@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from rollmux.core import regroup as regroup_module
 from rollmux.core.control import Capacity
 from rollmux.core.regroup import RegroupConfig
 from rollmux.inputs.runfile import JobSubmission
@@ -164,9 +165,12 @@ async def three_leave_with_capacity(tmp_path, nodes_per_pool: int) -> tuple[list
         store.engine.dispose()
 
 
-def test_a_regrouping_that_does_not_fit_the_capacity_waits_instead_of_stopping_its_jobs(tmp_path):
-    """a, d and f together need a new node of each pool while their old ones still hold
-    their state: with two of each offered, none of them stops (they would wait at their
-    boundaries for nodes only their own moves free); with three, they move."""
+def test_a_regrouping_that_does_not_fit_the_capacity_waits_instead_of_stopping_its_jobs(tmp_path, monkeypatch):
+    """Without joins (a joins d and f where they are, on nodes they hold), a, d and f
+    together need a new node of each pool while their old ones still hold their state:
+    with two of each offered, none of them stops (they would wait at their boundaries for
+    nodes only their own moves free); with three, they move."""
+    assert asyncio.run(three_leave_with_capacity(tmp_path / "join", 2)) == (["a"], False)
+    monkeypatch.setattr(regroup_module, "_relocations", lambda *_: [])
     assert asyncio.run(three_leave_with_capacity(tmp_path / "two", 2)) == ([], True)
     assert asyncio.run(three_leave_with_capacity(tmp_path / "three", 3)) == (["a", "d", "f"], False)

@@ -86,12 +86,14 @@ def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
     state.submit(JobSpec("a", PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=3.0), {"kind": "external"}, 0.0)
     store.apply([state.drain()])
     store.engine.dispose()
-    with sqlite3.connect(path) as old:  # as schema 5 left it: no parked column
+    with sqlite3.connect(path) as old:  # as schema 5 left it: no parked or moves column
         old.execute("ALTER TABLE jobs DROP COLUMN parked")
+        old.execute("ALTER TABLE jobs DROP COLUMN moves")
         old.execute("UPDATE meta SET value = '5' WHERE key = 'schema'")
     again = Store(f"sqlite:///{path}")
     (record,) = again.load().jobs
     assert record.job.name == "a" and record.job.state == "placed" and not record.job.parked
+    assert record.job.moves == 0
 
 
 def test_a_database_of_another_version_is_refused(tmp_path):

@@ -96,6 +96,12 @@ def simulate(
     regroup: Annotated[
         bool, typer.Option("--regroup/--no-regroup", help="Let RollMux migrate running jobs when it pays")
     ] = True,
+    moves_per_day: Annotated[
+        float | None,
+        typer.Option(
+            min=0, max=1_000, help="Each job's budget of moves: one, plus this many per day it runs (default: none)"
+        ),
+    ] = None,
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
@@ -180,7 +186,7 @@ def simulate(
             planning=planning,
             on_event=lambda n: progress.advance(tasks[n]),
             realise=realise,
-            regroup=RegroupConfig() if regroup else None,
+            regroup=RegroupConfig(moves_per_day=moves_per_day) if regroup else None,
             source=str(trace),
             failures=failure_model,
         )
@@ -635,6 +641,12 @@ def serve(
         float,
         typer.Option(min=0, max=3_600, help="A move's pause per GB of state on its fullest node, as priced"),
     ] = 0.25,
+    moves_per_day: Annotated[
+        float | None,
+        typer.Option(
+            min=0, max=1_000, help="Each job's budget of moves: one, plus this many per day it runs (default: none)"
+        ),
+    ] = None,
     slo_guard: Annotated[
         bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
     ] = True,
@@ -676,7 +688,9 @@ def serve(
         host_memory_gb=host_memory_gb,
         gpus_per_node={Pool.ROLLOUT: rollout_gpus, Pool.TRAIN: train_gpus},
         advertise_url=advertise_url,
-        regroup=RegroupConfig(s_per_gb=migration_s_per_gb, pause_s=migration_pause_s) if regroup else None,
+        regroup=RegroupConfig(s_per_gb=migration_s_per_gb, pause_s=migration_pause_s, moves_per_day=moves_per_day)
+        if regroup
+        else None,
         slo_guard=slo_guard,
         warm=WarmOptions(drivers_per_process, spare_driver_slots, spare_workers, standby),
     )

@@ -444,15 +444,16 @@ class _Exact:
 
     def get(self, specs: Sequence[JobSpec], always: bool = False) -> Config | None | _Unknown:
         """The cached or searched configuration; ``always`` searches beyond the count of
-        searches (not beyond the steps)."""
+        searches and the steps left (one search's steps at most): the master's seeds (every
+        job alone, the warm sets) must be known however much earlier parts spent."""
         key = frozenset(specs)
         if key in self.cache:
             return self.cache[key]
-        if (self.left <= 0 and not always) or self.steps <= 0:
+        if not always and (self.left <= 0 or self.steps <= 0):
             return _UNKNOWN
         self.left -= 1
         ordered = sorted(specs, key=lambda j: (-j.rollout.mean, j.name))
-        budget = min(self.steps, self.steps_per_search)
+        budget = self.steps_per_search if always else min(self.steps, self.steps_per_search)
         checks = Checks(steps=budget)
         found = cheapest_config(ordered, self.cost, self.planning, self.colocate, checks)
         self.steps -= budget - (checks.steps or 0)

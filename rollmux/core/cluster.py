@@ -170,11 +170,12 @@ class Cluster:
         seats = (group.seats(self.planning) if group else []) + [member.seat(self.planning)]
         return steady_state(seats)
 
-    def commit(self, candidate: Candidate) -> Placement:
-        """Apply a candidate: allocate its new nodes, seat the job, reschedule the group."""
+    def commit(self, candidate: Candidate, node_ids: Iterator[int] | None = None) -> Placement:
+        """Apply a candidate: allocate its new nodes (on the ids in ``node_ids``, set aside
+        beforehand, if given), seat the job, reschedule the group."""
         if candidate.member.job.name in self.job_group:
             raise ValueError(f"job {candidate.member.job.name!r} is already placed")
-        renamed = {placeholder: self._allocate(pool) for placeholder, pool in candidate.new_nodes}
+        renamed = {placeholder: self._allocate(pool, node_ids) for placeholder, pool in candidate.new_nodes}
         member = Member(
             job=candidate.member.job,
             rollout_nodes=tuple(renamed.get(n, n) for n in candidate.member.rollout_nodes),

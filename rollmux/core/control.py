@@ -257,6 +257,8 @@ class Job:
     move: Move | None = None
     paused_s: float = 0.0
     """Time its moves kept it from running (boundary reached to state landed), in all."""
+    moves: int = 0
+    """Moves started after it started (its budget: ``RegroupConfig.moves_per_day``)."""
     claimed: bool = False
     """A driver is being started on its seat (not persisted: a restarted control plane
     starts it again)."""
@@ -683,7 +685,7 @@ class ControlState:
                     continue
                 elapsed = max(now - job.placed_at, 0.0)
                 rate = member.seat(view.planning).solo_s / period if period > 0 else 1.0
-                found[job.name] = JobProgress(elapsed, max(elapsed * rate - job.paused_s, 0.0))
+                found[job.name] = JobProgress(elapsed, max(elapsed * rate - job.paused_s, 0.0), job.moves)
         return found
 
     def _movable(self, name: str) -> bool:
@@ -816,6 +818,7 @@ class ControlState:
         for name, origin in origins.items():
             job = self.jobs[name]
             job.move = replace(origin, decided_at=now, reason=reason, ready_at=None if job.grant else now)
+            job.moves += 1
             self._touch(job)
             group = self.cluster.group_of(name)
             self._event(name, now, "moving", f"to group {group.id} ({reason})")

@@ -196,6 +196,22 @@ class RollMuxPolicy:
                         return candidate
         return isolate(cluster, job)
 
+    def join(self, cluster: Cluster, group: Group, job: JobSpec) -> Candidate | None:
+        """The cheapest feasible candidate for ``job`` in ``group`` as it is (pack, then
+        co-located pack, then new rollout nodes of its own), or None: regrouping moves a
+        running job into another group this way, without moving that group's jobs."""
+        if not _group_may_host(cluster, group, job):
+            return None
+        for level in self._levels(cluster, job):
+            if level is isolate_colocated:
+                continue
+            for candidate in level(cluster, group, job):
+                if _may_fit(cluster, group, candidate) and _within_slo(
+                    cluster, group, candidate, cluster.evaluate(group, candidate.member)
+                ):
+                    return candidate
+        return None
+
     def _levels(self, cluster: Cluster, job: JobSpec) -> list:
         """The candidate kinds in order of the nodes they add (stable for equal prices)."""
         levels: list = [pack_candidates]

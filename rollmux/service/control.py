@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollmux.core.cluster import Cluster
+from rollmux.core.cluster import Cluster, Group
 from rollmux.core.control import (
     CANCELLED,
     DONE,
@@ -818,16 +818,20 @@ class ControlPlane:
 
     def _still_movable(self, plan: RegroupPlan, snapshot: Cluster) -> bool:
         """The plan's jobs still run in their turns (or have still not started), in the
-        groups they were in when it was made, with the same partners (other groups may
-        have changed meanwhile)."""
+        groups they were in when it was made, with the same partners, and the groups it
+        seats jobs in are as they were (other groups may have changed meanwhile)."""
         jobs, groups = self.state.jobs, self.state.cluster.groups
+
+        def unchanged(was: Group) -> bool:
+            return was.id in groups and [m.job.name for m in groups[was.id].members] == [
+                m.job.name for m in was.members
+            ]
+
         for spec in plan.moved:
-            job, was = jobs.get(spec.name), snapshot.group_of(spec.name)
-            if job is None or not (job.in_turns or job.unstarted) or was.id not in groups:
+            job = jobs.get(spec.name)
+            if job is None or not (job.in_turns or job.unstarted) or not unchanged(snapshot.group_of(spec.name)):
                 return False
-            if [m.job.name for m in groups[was.id].members] != [m.job.name for m in was.members]:
-                return False
-        return True
+        return all(unchanged(snapshot.groups[join.group_id]) for join in plan.joins if join.group_id is not None)
 
     async def _start_readied(self, plan: RegroupPlan, snapshot: Cluster) -> list[str]:
         """Ready the plan's new nodes (placement groups, workers) on ids set aside for them

@@ -38,8 +38,11 @@ from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import JobSpec, Pool
 from rollmux.service.private import private_file
 
-SCHEMA_VERSION = 6
-UPGRADES = {5: ("ALTER TABLE jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0",)}
+SCHEMA_VERSION = 7
+UPGRADES = {
+    5: ("ALTER TABLE jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0",),
+    6: ("ALTER TABLE jobs ADD COLUMN moves INTEGER NOT NULL DEFAULT 0",),
+}
 """Statements that bring a database of the schema named up to the next one, so an older
 store is upgraded in place instead of refused (its jobs are kept)."""
 
@@ -85,6 +88,7 @@ class JobRow(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     paused_s: Mapped[float] = mapped_column(Float, default=0.0)
+    moves: Mapped[int] = mapped_column(Integer, default=0)
     move: Mapped[str | None] = mapped_column(Text, nullable=True)
     parked: Mapped[int] = mapped_column(Integer, default=0)
 
@@ -536,6 +540,7 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "ended_at": job.ended_at,
         "cost_usd": job.cost_usd,
         "paused_s": job.paused_s,
+        "moves": job.moves,
         "move": _move_json(job.move),
         "parked": int(job.parked),
     }
@@ -589,6 +594,7 @@ def _record(row: JobRow) -> JobRecord:
         ended_at=row.ended_at,
         cost_usd=row.cost_usd,
         paused_s=row.paused_s,
+        moves=row.moves,
         move=_move(row.move),
         parked=bool(row.parked),
     )

@@ -52,6 +52,18 @@ class TraceShape:
             raise ValueError(f"jobs must be >= 1, got {self.jobs}")
 
 
+BENCH_SHAPES = {
+    "uniform": TraceShape(mix="production", arrivals="uniform"),
+    "rollout-heavy": TraceShape(mix="rollout-heavy", arrivals="uniform"),
+    "training-heavy": TraceShape(mix="training-heavy", arrivals="uniform"),
+    "bursty": TraceShape(mix="production", arrivals="bursty"),
+    "long-lived": TraceShape(mix="production", arrivals="uniform", median_hours=48.0),
+}
+"""The five mixes the schedule-quality benches measure (300 jobs each by default): the
+production mix with Poisson arrivals, rollout- and training-heavy mixes, the production
+mix in bursts, and jobs that run four times as long."""
+
+
 def generate(shape: TraceShape, profile: Profile | None = None) -> Trace:
     """A trace of ``shape.jobs`` jobs, identical for identical shapes."""
     profile = profile or load_profile(PROFILE)

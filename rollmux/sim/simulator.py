@@ -54,6 +54,8 @@ class JobAccount:
     """Seconds without progress after node failures: recovery downtime plus progress redone."""
     colocated_s: float = 0.0
     """Seconds seated co-located (both phases on training nodes)."""
+    moves: int = 0
+    """Migrations with a pause (a job moved before it started moves for free)."""
 
     @property
     def colocated_estimated(self) -> bool:
@@ -317,7 +319,10 @@ def _remember_largest_group(cluster: Cluster, result: SimResult) -> None:
 def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, state: RegroupState) -> None:
     """Re-place running jobs when it pays; charge the migration in dollars and each moved
     job's pause as lost work (a job not started yet moves without a pause)."""
-    progress = {j.name: JobProgress(result.jobs[j.name].seconds, result.jobs[j.name].work_s) for j in cluster.jobs()}
+    progress = {
+        j.name: JobProgress(result.jobs[j.name].seconds, result.jobs[j.name].work_s, result.jobs[j.name].moves)
+        for j in cluster.jobs()
+    }
     plan = plan_regroup(cluster, config, state, progress)
     result.regroup_rounds, result.regroup_rounds_exhausted = state.rounds, state.exhausted_rounds
     result.regroup_peak_cached = max(result.regroup_peak_cached, state.cached)
@@ -328,6 +333,7 @@ def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, state: 
     result.migration_usd += plan.migration_usd
     for job, pause in zip(plan.moved, plan.pauses_s, strict=True):
         result.migrations += int(pause > 0)
+        result.jobs[job.name].moves += int(pause > 0)
         result.jobs[job.name].work_s -= pause
         result.jobs[job.name].paused_s += pause
 
