@@ -16,7 +16,7 @@ import time
 
 from rich.progress import track
 
-from rollmux.core.bound import lower_bound
+from rollmux.core.bound import BoundConfig, lower_bound
 from rollmux.core.optimum import optimum
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning
 
@@ -45,7 +45,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--snapshots", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--depth-first-jobs",
+        type=int,
+        default=BoundConfig().depth_first_jobs,
+        help="price parts of more jobs by MILP over the floor (1: every part of two or more)",
+    )
     args = parser.parse_args()
+    config = BoundConfig(depth_first_jobs=args.depth_first_jobs)
     rng, cost = random.Random(args.seed), CostModel()
     above = false_optimal = tight = 0
     gaps = []
@@ -53,12 +60,14 @@ def main() -> None:
     for _ in track(range(args.snapshots), description="snapshots"):
         jobs = snapshot(rng)
         best = optimum(jobs, cost, Planning.P95).cost_per_hour
-        bound = lower_bound(jobs, cost, Planning.P95)
+        bound = lower_bound(jobs, cost, Planning.P95, config)
         above += bound.value > best + TOLERANCE * max(1.0, best)
         false_optimal += bound.optimal and abs(bound.upper - best) > TOLERANCE * max(1.0, best)
         tight += abs(bound.value - best) <= TOLERANCE * max(1.0, best)
         gaps.append((best - bound.value) / best)
-    print(f"snapshots={args.snapshots} cpu_s={time.process_time() - started:.0f}")
+    print(
+        f"snapshots={args.snapshots} depth_first_jobs={args.depth_first_jobs} cpu_s={time.process_time() - started:.0f}"
+    )
     print(
         f"bound_above_optimum={above} optimal_claimed_wrongly={false_optimal} tight={tight} "
         f"mean_gap={statistics.fmean(gaps):.4f} max_gap={max(gaps):.4f} ok={above == 0 and false_optimal == 0}"

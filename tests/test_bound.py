@@ -63,6 +63,32 @@ def test_bound_stays_a_bound_when_its_work_budget_runs_out(drawn, nodes, evaluat
 
 
 @settings(max_examples=40, deadline=None)
+@given(specs, st.integers(1, 40))
+def test_bound_priced_by_milp_over_the_floor_is_at_most_the_optimum(drawn, rounds):
+    """Every part of two or more jobs priced by the floor MILP (as a snapshot of 60-90 jobs
+    is), converged or stopped after ``rounds``: still a bound, and the MILP proved every
+    set it did not solve exactly."""
+    jobs = jobs_of(drawn)
+    best = optimum(jobs, COST, PLANNING, colocate=True).cost_per_hour
+    bound = lower_bound(jobs, COST, PLANNING, BoundConfig(depth_first_jobs=1, floor_rounds=rounds))
+    assert bound.value <= best + 1e-6
+
+
+def test_floor_milp_bound_converges_above_the_fluid_price():
+    """Fourteen jobs priced by the floor MILP (parts beyond four jobs, as a burst's 60-90
+    are beyond 32): column generation runs until no set has a negative floor reduced cost,
+    and the bound it proves lies between the fluid price and the best placement found."""
+    jobs = [job(i, 60 + 7 * (i % 9), 40 + 11 * (i % 5), 1.3 + 0.05 * (i % 7), mem=400.0) for i in range(14)]
+    bound = lower_bound(jobs, COST, PLANNING, BoundConfig(depth_first_jobs=4))
+    fluid = sum(
+        (j.rollout.mean * COST.price(Pool.ROLLOUT) + j.train.mean * COST.price(Pool.TRAIN)) / j.period_budget
+        for j in jobs
+    )
+    assert bound.floor_priced and bound.converged
+    assert fluid < bound.value <= bound.upper + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
 @given(specs.filter(lambda drawn: len(drawn) <= 4))
 def test_bound_is_at_most_the_cost_of_online_placement(drawn):
     """Groups of at most four jobs: every configuration online placement can form is one

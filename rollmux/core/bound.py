@@ -60,6 +60,20 @@ subtree whose floor is not negative is skipped; every other set gets its exact `
 (cached across calls: it depends on the specs only). Where the work budget (enumeration
 nodes, exact searches) runs out, a skipped subtree's floor enters ``rho`` and an unsearched
 set is priced at ``L``: the answer stays a lower bound, only a weaker one.
+
+5. Many jobs. With 50-90 running jobs (bursts) the depth-first pass cannot finish: there
+   are billions of sets of eight. Pricing then switches to a MILP over the floor itself:
+   for each job ``j`` as the tightest member (budget ``b``), ``min L(S) - pi(S)`` over sets
+   ``S`` of jobs of budget at least ``b`` is a small integer program (a binary per job and
+   mode, the node counts of both pools as integers, every term of ``L`` a linear
+   constraint), solved by HiGHS to a proven dual bound. Sets priced exactly above their
+   floor, and infeasible ones, are cut off (each by one no-good row), so the MILP
+   prices every other set at its floor, which never exceeds its price. Its finds are
+   searched exactly and enter the master, and column generation goes on until no set
+   has a negative floor reduced cost. With ``m`` the least reduced cost proven, every
+   column costing at least one training node, an LP solution uses at most ``z / p_T``
+   columns (``z`` the restricted master's value), so ``sum(pi) + (z / p_T) * min(0, m)``
+   bounds the LP from below at every round; at convergence it is the LP of the master.
 """
 
 from __future__ import annotations
@@ -107,11 +121,28 @@ class BoundConfig:
     """Enumeration steps (see ``configs.Checks``) per search and per call: a search that
     runs out leaves its set priced at its floor, which only weakens the bound."""
     milp_nodes: int = 2000
+    depth_first_jobs: int = 32
+    """Parts of more jobs than this are priced by MILP over the floor (module text, 5)
+    once growing columns finds nothing: a depth-first pass over them cannot finish."""
+    floor_rounds: int = 40
+    """Rounds of MILP pricing (module text, 5) once the depth-first pass cannot finish."""
+    floor_milp_nodes: int = 200
+    """Branch-and-bound nodes of one pricing MILP (its proven dual bound counts if it stops)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_group <= MAX_GROUP_JOBS:
             raise ValueError(f"max_group must be between 1 and {MAX_GROUP_JOBS} (a group's size limit)")
-        for name in ("rounds", "columns_per_round", "nodes_per_pass", "evaluations", "steps_per_search", "milp_nodes"):
+        for name in (
+            "rounds",
+            "columns_per_round",
+            "nodes_per_pass",
+            "evaluations",
+            "steps_per_search",
+            "milp_nodes",
+            "depth_first_jobs",
+            "floor_rounds",
+            "floor_milp_nodes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.steps < self.steps_per_search:
@@ -123,7 +154,9 @@ class Bound:
     """A proven lower bound on the cheapest placement in the model, and how it was found.
 
     ``lp``: the column generation's bound, ``dual_sum + jobs * min(0, rho)`` rounded up
-    to the price unit. ``upper``: the cheapest placement found (exact columns), so the
+    to the price unit (or, where pricing was by MILP over the floor, ``floor_priced``, the
+    best bound of module text 5 over its rounds; ``rho`` is then the least reduced cost of
+    a set that the MILP proved). ``upper``: the cheapest placement found (exact columns), so the
     optimum lies in ``[value, upper]``; ``optimal`` when they meet. ``value`` is at least
     ``lp``: raised by the exact search over every column that could still improve on
     ``upper`` (see the module text) when that search ran to the end.
@@ -140,6 +173,7 @@ class Bound:
     enumerated: bool
     columns: tuple[frozenset[JobSpec], ...]
     """The master's columns priced exactly (to warm-start a bound of similar jobs)."""
+    floor_priced: bool = False
 
     @property
     def optimal(self) -> bool:
@@ -421,6 +455,142 @@ class _Pricing:
         return low - value - gain
 
 
+@dataclass
+class _FloorPricing:
+    """Pricing by MILP over the floor (module text, 5): for every job ``j`` as the
+    tightest member (the last by budget of the set, so each set has one tightest), a
+    proven lower bound on ``L(S) - pi(S)`` over the sets not cut off, and the set that
+    attains it. A job whose cheap floor (fluid prices and its own floor, as in
+    :meth:`_Pricing._subtree_floor`) shows no negative reduced cost is not solved."""
+
+    jobs: Sequence[_Job]
+    floor: _Floor
+    cost: CostModel
+    config: BoundConfig
+    cut: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
+    """Sets to price above their floor, by tightest member: priced exactly, or infeasible."""
+
+    def exclude(self, members: tuple[int, ...]) -> None:
+        self.cut.setdefault(members[-1], []).append(members)
+
+    def run(self, pi: np.ndarray) -> tuple[float, dict[tuple[int, ...], float]]:
+        """(A lower bound on every set's floor reduced cost, at most 0; the sets of
+        negative floor reduced cost found, with their floors.)"""
+        values = [float(v) for v in pi]
+        least, found = 0.0, {}
+        for j in range(len(self.jobs)):
+            candidates = [i for i in range(j) if j in self.floor.compatible[i]] + [j]
+            quick = self._quick(j, candidates, values)
+            if quick >= -_RC_EPS:
+                least = min(least, quick)
+                continue
+            bound, members = self._solve(j, candidates, values)
+            least = min(least, bound)
+            if members is not None and members not in self.cut.get(j, ()):
+                low = self.floor.of(members)[0]
+                if low - sum(values[i] for i in members) < -_RC_EPS:
+                    found[members] = low
+        return least, found
+
+    def _quick(self, j: int, candidates: Sequence[int], values: Sequence[float]) -> float:
+        """A floor on the reduced cost of every set whose tightest member is ``j``: its
+        floor is at least ``j``'s own and at least the fluid price of its jobs, hence at
+        least any mix of the two."""
+        own = self.floor.of((j,))[0]
+        if math.isinf(own):
+            return 0.0
+        room = self.config.max_group - 1
+        others = [(values[i], self.floor.fluid_of(i, j)) for i in candidates if i != j]
+        fluid_j = self.floor.fluid_of(j, j)
+        return max(
+            (1 - t) * own + t * fluid_j - values[j] - sum(sorted((max(0.0, v - t * f) for v, f in others))[-room:])
+            if room
+            else (1 - t) * own + t * fluid_j - values[j]
+            for t in _WEIGHTS
+        )
+
+    def _solve(
+        self, j: int, candidates: Sequence[int], values: Sequence[float]
+    ) -> tuple[float, tuple[int, ...] | None]:
+        """The pricing MILP of tightest member ``j``: (its proven lower bound, the set of
+        its best solution, or None)."""
+        budget = self.jobs[j].budget
+        seats = [(i, mode) for i in candidates for mode in self.jobs[i].allowed(budget)]
+        if not any(i == j for i, _ in seats):
+            return 0.0, None
+        rows = _FloorRows(len(seats) + 2)
+        trainers, rollouts = len(seats), len(seats) + 1
+        for i in candidates:
+            rows.add([(k, 1.0) for k, (m, _) in enumerate(seats) if m == i], 1.0 if i == j else 0.0, 1.0)
+        rows.add([(k, 1.0) for k in range(len(seats))], 1.0, self.config.max_group)
+        pools = (
+            (trainers, self.cost.usable_dram_gb(Pool.TRAIN), lambda m: (m.train_width, m.train_load, m.train_gb)),
+            (
+                rollouts,
+                self.cost.usable_dram_gb(Pool.ROLLOUT),
+                lambda m: (m.rollout_width, m.rollout_load, m.rollout_gb),
+            ),
+        )
+        for nodes, usable, demand in pools:
+            used = [(k, *demand(mode)) for k, (_, mode) in enumerate(seats) if demand(mode)[0]]
+            rows.at_most([(k, w * load) for k, w, load, _ in used], nodes, budget * (1 + _TOL))
+            rows.at_most([(k, w * gb) for k, w, _, gb in used], nodes, usable * (1 + _TOL))
+            for k, w, _, _ in used:
+                if w > 1:
+                    rows.at_most([(k, float(w))], nodes, 1.0)
+            for crowd in _CROWDS:
+                rows.at_most([(k, float(w)) for k, w, load, _ in used if load > budget / (crowd + 1)], nodes, crowd)
+        for members in self.cut.get(j, ()):
+            inside = set(members)
+            rows.add([(k, 1.0 if i in inside else -1.0) for k, (i, _) in enumerate(seats)], -np.inf, len(members) - 1)
+        objective = np.zeros(len(seats) + 2)
+        objective[: len(seats)] = [-values[i] for i, _ in seats]
+        objective[trainers], objective[rollouts] = self.cost.price(Pool.TRAIN), self.cost.price(Pool.ROLLOUT)
+        most_nodes = 2 * MAX_GROUP_JOBS * max(max(m.train_width, m.rollout_width) for _, m in seats)
+        solution = milp(
+            objective,
+            constraints=rows.constraint(),
+            integrality=np.ones(len(seats) + 2),
+            bounds=Bounds(np.zeros(len(seats) + 2), np.concatenate([np.ones(len(seats)), [most_nodes, most_nodes]])),
+            options={"node_limit": self.config.floor_milp_nodes},
+        )
+        if solution.status == 2:  # infeasible: every set of this tightest member is cut off
+            return 0.0, None
+        bound = getattr(solution, "mip_dual_bound", None)
+        proven = float(bound) if bound is not None and np.isfinite(bound) else -math.inf
+        if solution.x is None:
+            return min(0.0, proven), None
+        members = tuple(sorted({seats[k][0] for k in np.flatnonzero(solution.x[: len(seats)] > 0.5)}))
+        return min(0.0, proven), members
+
+
+@dataclass
+class _FloorRows:
+    """The rows of a pricing MILP, built sparse and handed over dense."""
+
+    width: int
+    coefficients: list[list[tuple[int, float]]] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+
+    def add(self, terms: Sequence[tuple[int, float]], low: float, high: float) -> None:
+        self.coefficients.append(list(terms))
+        self.lower.append(low)
+        self.upper.append(high)
+
+    def at_most(self, terms: Sequence[tuple[int, float]], nodes: int, per_node: float) -> None:
+        """sum(terms) <= per_node * nodes (nothing if there are no terms)."""
+        if terms:
+            self.add([*terms, (nodes, -per_node)], -np.inf, 0.0)
+
+    def constraint(self) -> LinearConstraint:
+        matrix = np.zeros((len(self.coefficients), self.width))
+        for row, terms in enumerate(self.coefficients):
+            for k, value in terms:
+                matrix[row, k] += value
+        return LinearConstraint(matrix, self.lower, self.upper)
+
+
 class _Unknown:
     """Marker: the exact configuration was not searched (the budget ran out)."""
 
@@ -497,6 +667,7 @@ def lower_bound(
         converged=all(p.converged for p in parts),
         enumerated=all(p.enumerated for p in parts),
         columns=tuple(c for p in parts for c in p.columns),
+        floor_priced=any(p.floor_priced for p in parts),
     )
 
 
@@ -508,18 +679,18 @@ def _bound_part(
     floor = _Floor(jobs, cost)
     master = _Master(jobs, exact, config)
     master.seed(warm)
-    pi, proof, rounds, converged = master.generate(floor)
-    dual_sum = float(pi.sum())
+    found = master.generate(floor)
+    dual_sum = float(found.pi.sum())
     unit = price_unit(cost)
     fluid = sum(floor.fluid_of(i, i) for i in range(len(jobs)))
-    lp = _round_up(max(fluid, dual_sum + len(jobs) * min(0.0, proof.rho)), unit)
+    lp = _round_up(max(fluid, found.lagrangian), unit)
     upper = master.incumbent()
     value, enumerated = lp, False
-    if upper > lp + _TOL * upper and proof.rho > -math.inf:
+    if upper > lp + _TOL * upper and not found.floor_priced and found.rho > -math.inf:
         # Every column of a placement cheaper than ``upper`` has a reduced cost below
         # ``upper - (unit) - dual_sum - n * min(0, rho)``: collect them all, solve exactly.
-        slack = upper - (unit or 0.0) - dual_sum - len(jobs) * min(0.0, proof.rho) + _RC_EPS * max(1.0, upper)
-        pool = _Pricing(jobs, floor, pi, exact, config, threshold=slack).run()
+        slack = upper - (unit or 0.0) - dual_sum - len(jobs) * min(0.0, found.rho) + _RC_EPS * max(1.0, upper)
+        pool = _Pricing(jobs, floor, found.pi, exact, config, threshold=slack).run()
         if pool.complete:
             enumerated = True
             value = max(lp, min(upper, _round_up(_cover_floor(len(jobs), pool.found, config.milp_nodes), unit)))
@@ -528,13 +699,28 @@ def _bound_part(
         lp=lp,
         upper=upper,
         dual_sum=dual_sum,
-        rho=proof.rho,
+        rho=found.rho,
         jobs=len(jobs),
-        rounds=rounds,
-        converged=converged,
+        rounds=found.rounds,
+        converged=found.converged,
         enumerated=enumerated,
         columns=master.exact_columns(),
+        floor_priced=found.floor_priced,
     )
+
+
+@dataclass(frozen=True)
+class _Generated:
+    """What column generation proved: the job values of its last master, a lower bound on
+    the LP (``lagrangian``), the least reduced cost per job (depth-first pricing) or per
+    set (MILP pricing, ``floor_priced``) behind it, and whether pricing found nothing."""
+
+    pi: np.ndarray
+    lagrangian: float
+    rho: float
+    rounds: int
+    converged: bool
+    floor_priced: bool = False
 
 
 @dataclass
@@ -560,23 +746,61 @@ class _Master:
                 if isinstance(found, Config):
                     self.columns[tuple(sorted(index[s] for s in names))] = (found.cost_per_hour, True)
 
-    def generate(self, floor: _Floor) -> tuple[np.ndarray, _Pricing, int, bool]:
-        """Column generation: (job values, the full pricing pass under them, rounds,
-        whether that pass found no negative reduced cost). Rounds first grow the columns
-        of least reduced cost by one job (cheap); the full pass runs when that finds
-        nothing, and its finds enter the master too."""
+    def generate(self, floor: _Floor) -> _Generated:
+        """Column generation. Rounds first grow the columns of least reduced cost by one
+        job (cheap); the full depth-first pass runs when that finds nothing, and its finds
+        enter the master too. Beyond ``depth_first_jobs`` jobs, or where a pass cannot
+        finish, pricing goes on by MILP over the floor (:meth:`generate_by_floor`)."""
+        many = len(self.jobs) > self.config.depth_first_jobs
         for round_ in range(1, self.config.rounds + 1):
             pi = self._duals()
             grown = self._grow(floor, pi)
             if grown:
                 self.columns.update(grown)
                 continue
+            if many:
+                return self.generate_by_floor(floor, round_)
             proof = _Pricing(self.jobs, floor, pi, self.exact, self.config).run()
+            if not proof.complete:
+                return self.generate_by_floor(floor, round_)
             if not proof.found or round_ == self.config.rounds:
-                return pi, proof, round_, proof.complete and not proof.found
+                return self._by_rho(pi, proof.rho, round_, not proof.found)
             self.columns.update(proof.found)
+        if many:
+            return self.generate_by_floor(floor, self.config.rounds)
         pi = self._duals()
-        return pi, _Pricing(self.jobs, floor, pi, self.exact, self.config).run(), self.config.rounds, False
+        proof = _Pricing(self.jobs, floor, pi, self.exact, self.config).run()
+        return self._by_rho(pi, proof.rho, self.config.rounds, False)
+
+    def _by_rho(self, pi: np.ndarray, rho: float, rounds: int, converged: bool) -> _Generated:
+        return _Generated(pi, float(pi.sum()) + len(self.jobs) * min(0.0, rho), rho, rounds, converged)
+
+    def generate_by_floor(self, floor: _Floor, rounds: int) -> _Generated:
+        """Column generation priced by MILP over the floor (module text, 5): the best
+        bound over its rounds, each valid on its own."""
+        pricing = _FloorPricing(self.jobs, floor, self.exact.cost, self.config)
+        for members, (price, known) in self.columns.items():
+            if known and price > floor.of(members)[0] + _RC_EPS:
+                pricing.exclude(members)
+        best, least, pi = -math.inf, -math.inf, np.zeros(len(self.jobs))
+        for round_ in range(1, self.config.floor_rounds + 1):
+            pi, value = self._duals_and_value()
+            least, found = pricing.run(pi)
+            best = max(best, float(pi.sum()) + value / self.exact.cost.price(Pool.TRAIN) * min(0.0, least))
+            found = {members: low for members, low in found.items() if members not in self.columns}
+            if not found:
+                return _Generated(pi, best, least, rounds + round_, least >= -_RC_EPS, True)
+            for members, low in found.items():
+                config = self.exact.get([self.jobs[i].spec for i in members])
+                if config is None:
+                    pricing.exclude(members)
+                elif isinstance(config, Config):
+                    self.columns[members] = (config.cost_per_hour, True)
+                    if config.cost_per_hour > low + _RC_EPS:
+                        pricing.exclude(members)
+                else:
+                    self.columns[members] = (low, False)
+        return _Generated(pi, best, least, rounds + self.config.floor_rounds, False, True)
 
     def _grow(self, floor: _Floor, pi: np.ndarray) -> dict[tuple[int, ...], tuple[float, bool]]:
         """Sets of negative reduced cost among every job alone and the ``columns_per_round``
@@ -619,13 +843,17 @@ class _Master:
 
     def _duals(self) -> np.ndarray:
         """Job values: the duals of the cover rows of the restricted master LP."""
+        return self._duals_and_value()[0]
+
+    def _duals_and_value(self) -> tuple[np.ndarray, float]:
+        """The job values and the restricted master LP's value."""
         keys = list(self.columns)
         cover = _matrix(len(self.jobs), keys)
         prices = [self.columns[k][0] for k in keys]
         solution = linprog(prices, A_eq=cover, b_eq=np.ones(len(self.jobs)), bounds=(0, None), method="highs")
         if solution.status != 0:
             raise RuntimeError(f"bound master LP failed: {solution.message}")
-        return np.asarray(solution.eqlin.marginals, dtype=float)
+        return np.asarray(solution.eqlin.marginals, dtype=float), float(solution.fun)
 
 
 def _matrix(rows: int, keys: Sequence[tuple[int, ...]]) -> np.ndarray:
