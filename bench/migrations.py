@@ -1,12 +1,14 @@
-"""Migrations per job against cost, on the five synthetic mixes: how a budget of moves trades.
+"""Migrations per job against cost, on the five synthetic mixes: how move discipline trades.
 
 For each mix of rollmux.sim.generate.BENCH_SHAPES (``--jobs`` jobs, ``--seed``), the trace is
-simulated under RollMux with regrouping (migrations charged) once per ``--moves-per-day``
-value ("none": no budget, the default of ``RegroupConfig``), and once under Solo. Prints one
-line per run: cost, cost relative to the run without a budget, moves per job (those with a
-pause), the most moves of one job, SLO attainment and Solo / RollMux. The last line is the
-mean over the mixes of each budget's moves per job and cost ratio. Runs are spread over
-``--workers`` processes.
+simulated under RollMux with regrouping (migrations charged) once per setting, and once
+under Solo. A setting is a budget of moves (``--moves-per-day``; "none": no budget) or a
+risk price per move (``--move-risk``, dollars a move must repay within the horizon beyond
+its pause); every budget is run at the first risk price and every risk price without a
+budget. Prints one line per run: cost, cost relative to the first setting, moves per job
+(those with a pause), the most moves of one job, SLO attainment and Solo / RollMux. The
+last line is the mean over the mixes of each setting's moves per job and cost ratio. Runs
+are spread over ``--workers`` processes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from concurrent.futures import ProcessPoolExecutor
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
@@ -22,13 +25,15 @@ from rollmux.core.regroup import RegroupConfig
 from rollmux.sim.generate import BENCH_SHAPES, generate
 from rollmux.sim.simulator import simulate
 
+SOLO = "solo"
 
-def run(mix: str, jobs: int, seed: int, budget: float | None) -> dict[str, float]:
-    """One simulation of one mix: RollMux with that budget (``-1``: Solo)."""
+
+def run(mix: str, jobs: int, seed: int, setting: str) -> dict[str, float]:
+    """One simulation of one mix under one setting (``SOLO``: the Solo baseline)."""
     trace = generate(replace(BENCH_SHAPES[mix], jobs=jobs, seed=seed))
-    if budget == -1:
+    if setting == SOLO:
         return {"cost": simulate(trace, SoloPolicy()).cost_usd}
-    result = simulate(trace, RollMuxPolicy(), regroup=RegroupConfig(moves_per_day=budget))
+    result = simulate(trace, RollMuxPolicy(), regroup=regroup_config(setting))
     moves = [j.moves for j in result.jobs.values()]
     return {
         "cost": result.cost_usd,
@@ -38,8 +43,18 @@ def run(mix: str, jobs: int, seed: int, budget: float | None) -> dict[str, float
     }
 
 
-def budget_value(text: str) -> float | None:
-    return None if text == "none" else float(text)
+def regroup_config(setting: str) -> RegroupConfig:
+    """``moves_per_day=N risk=R`` as a RegroupConfig (N "none": no budget)."""
+    fields = dict(part.split("=") for part in setting.split())
+    budget = None if fields["moves_per_day"] == "none" else float(fields["moves_per_day"])
+    return RegroupConfig(moves_per_day=budget, move_risk_usd=float(fields["risk"]))
+
+
+def settings(budgets: list[str], risks: list[float]) -> list[str]:
+    """Every budget at the first risk price, then every other risk price without a budget."""
+    out = [f"moves_per_day={b} risk={risks[0]:g}" for b in budgets]
+    out += [f"moves_per_day=none risk={r:g}" for r in risks[1:]]
+    return list(dict.fromkeys(out))
 
 
 def main() -> None:
@@ -47,33 +62,35 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--moves-per-day", nargs="+", default=["none", "4", "1"], help="budgets to run ('none': none)")
+    parser.add_argument("--move-risk", nargs="+", type=float, default=[0.0], help="risk prices per move, dollars")
+    parser.add_argument("--mixes", nargs="+", choices=sorted(BENCH_SHAPES), default=list(BENCH_SHAPES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    budgets = [budget_value(b) for b in args.moves_per_day]
-    runs = [(mix, b) for mix in BENCH_SHAPES for b in [-1, *budgets]]
+    chosen = settings(args.moves_per_day, args.move_risk)
+    runs = [(mix, s) for mix in args.mixes for s in [SOLO, *chosen]]
+    found: dict[tuple[str, str], dict[str, float]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        found = dict(
-            zip(runs, pool.map(run, *zip(*[(m, args.jobs, args.seed, b) for m, b in runs], strict=True)), strict=True)
-        )
-    per_budget: dict[str, list[tuple[float, float]]] = {}
-    for mix in BENCH_SHAPES:
-        solo, plain = found[(mix, -1)]["cost"], found[(mix, budgets[0])]["cost"]
-        for budget, label in zip(budgets, args.moves_per_day, strict=True):
-            r = found[(mix, budget)]
-            per_budget.setdefault(label, []).append((r["moves_per_job"], r["cost"] / plain))
+        futures = {pool.submit(run, mix, args.jobs, args.seed, s): (mix, s) for mix, s in runs}
+        for done in as_completed(futures):
+            found[futures[done]] = done.result()
+            print(f"done {len(found)}/{len(runs)}: {' '.join(futures[done])}", file=sys.stderr, flush=True)
+    per_setting: dict[str, list[tuple[float, float]]] = {}
+    for mix in args.mixes:
+        solo, first = found[(mix, SOLO)]["cost"], found[(mix, chosen[0])]["cost"]
+        for setting in chosen:
+            r = found[(mix, setting)]
+            per_setting.setdefault(setting, []).append((r["moves_per_job"], r["cost"] / first))
             print(
-                f"mix={mix} seed={args.seed} moves_per_day={label} cost_usd={r['cost']:.0f} "
-                f"cost_vs_{args.moves_per_day[0]}={r['cost'] / plain:.3f} moves_per_job={r['moves_per_job']:.2f} "
+                f"mix={mix} seed={args.seed} {setting} cost_usd={r['cost']:.0f} "
+                f"cost_vs_first={r['cost'] / first:.3f} moves_per_job={r['moves_per_job']:.2f} "
                 f"most_moves={r['most_moves']} slo={100 * r['slo']:.1f}% solo_over_rollmux={solo / r['cost']:.3f}",
                 flush=True,
             )
-    print(
-        " ".join(
-            f"moves_per_day={label}: moves_per_job={statistics.fmean(m for m, _ in rows):.2f} "
-            f"cost_ratio={statistics.fmean(c for _, c in rows):.3f}"
-            for label, rows in per_budget.items()
+    for setting, rows in per_setting.items():
+        print(
+            f"{setting}: mean moves_per_job={statistics.fmean(m for m, _ in rows):.2f} "
+            f"mean cost_vs_first={statistics.fmean(c for _, c in rows):.3f}"
         )
-    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.configs import COLOCATED_ESTIMATE_RULE
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
-from rollmux.core.spec import DEFAULT_PLANNING, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, MOVE_RISK_USD, Planning, Pool
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.sim import failures as fail
@@ -102,6 +102,14 @@ def simulate(
             min=0, max=1_000, help="Each job's budget of moves: one, plus this many per day it runs (default: none)"
         ),
     ] = None,
+    move_risk_usd: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=100_000,
+            help="Dollars each move must repay within regrouping's horizon beyond its pause (fewer, larger moves)",
+        ),
+    ] = MOVE_RISK_USD,
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
@@ -186,7 +194,7 @@ def simulate(
             planning=planning,
             on_event=lambda n: progress.advance(tasks[n]),
             realise=realise,
-            regroup=RegroupConfig(moves_per_day=moves_per_day) if regroup else None,
+            regroup=RegroupConfig(moves_per_day=moves_per_day, move_risk_usd=move_risk_usd) if regroup else None,
             source=str(trace),
             failures=failure_model,
         )
@@ -647,6 +655,14 @@ def serve(
             min=0, max=1_000, help="Each job's budget of moves: one, plus this many per day it runs (default: none)"
         ),
     ] = None,
+    move_risk_usd: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=100_000,
+            help="Dollars each move must repay within regrouping's horizon beyond its pause (fewer, larger moves)",
+        ),
+    ] = MOVE_RISK_USD,
     slo_guard: Annotated[
         bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
     ] = True,
@@ -688,7 +704,12 @@ def serve(
         host_memory_gb=host_memory_gb,
         gpus_per_node={Pool.ROLLOUT: rollout_gpus, Pool.TRAIN: train_gpus},
         advertise_url=advertise_url,
-        regroup=RegroupConfig(s_per_gb=migration_s_per_gb, pause_s=migration_pause_s, moves_per_day=moves_per_day)
+        regroup=RegroupConfig(
+            s_per_gb=migration_s_per_gb,
+            pause_s=migration_pause_s,
+            moves_per_day=moves_per_day,
+            move_risk_usd=move_risk_usd,
+        )
         if regroup
         else None,
         slo_guard=slo_guard,

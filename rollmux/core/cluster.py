@@ -7,7 +7,7 @@ reads a clock or does I/O, so the simulator and the runtime drive it identically
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -219,6 +219,63 @@ class Cluster:
             group.members.append(seated)
             self.job_group[m.job.name] = group.id
         self.groups[group.id] = group
+        self._reschedule(group)
+        return group
+
+    def reseat(
+        self,
+        group_id: int,
+        members: Sequence[Member],
+        kept: Mapping[int, int],
+        node_ids: Iterator[int] | None = None,
+    ) -> Group:
+        """Seat ``members`` (on local node ids, as :meth:`add_group` takes them) in the
+        existing group ``group_id`` instead of its members (a regrouping built in place):
+        the local ids in ``kept`` are the group's nodes of those ids, the others new nodes.
+        Every member the group still has must be among ``members``, on exactly the nodes
+        it holds (it stays: nothing of it moves); the others must not be placed anywhere."""
+        group = self.groups[group_id]
+        local_pools = {n: Pool.ROLLOUT for m in members for n in m.rollout_nodes}
+        local_pools.update({n: Pool.TRAIN for m in members for n in m.train_nodes})
+        for local, node in kept.items():
+            if local not in local_pools:
+                raise ValueError(f"local node {local} is no member's node in the new seating of group {group_id}")
+            if node not in (*group.rollout_nodes, *group.train_nodes) or self.node_pool[node] is not local_pools[local]:
+                raise ValueError(f"node {node} is not a {local_pools[local].value} node of group {group_id}")
+        renamed = {
+            local: kept[local] if local in kept else self._allocate(pool, node_ids)
+            for local, pool in sorted(local_pools.items())
+        }
+        staying = {m.job.name: m for m in group.members}
+        seated = [
+            replace(
+                m,
+                rollout_nodes=tuple(renamed[n] for n in m.rollout_nodes),
+                train_nodes=tuple(renamed[n] for n in m.train_nodes),
+            )
+            for m in members
+        ]
+        for member in seated:
+            name = member.job.name
+            was = staying.pop(name, None)
+            if was is not None and (was.rollout_nodes, was.train_nodes) != (member.rollout_nodes, member.train_nodes):
+                raise ValueError(f"job {name!r} stays in group {group_id} but not on its nodes")
+            if was is None and name in self.job_group:
+                raise ValueError(f"job {name!r} is already placed")
+        if staying:
+            raise ValueError(f"group {group_id} still holds {sorted(staying)}, not in its new seating")
+        in_use = set(renamed.values())
+        for node in (*group.rollout_nodes, *group.train_nodes):
+            if node not in in_use:
+                del self.node_pool[node]
+        new = [n for _, n in sorted(renamed.items()) if n not in (*group.rollout_nodes, *group.train_nodes)]
+        group.rollout_nodes = [
+            n for n in (*group.rollout_nodes, *new) if n in in_use and self.node_pool[n] is Pool.ROLLOUT
+        ]
+        group.train_nodes = [n for n in (*group.train_nodes, *new) if n in in_use and self.node_pool[n] is Pool.TRAIN]
+        group.members = seated
+        for member in seated:
+            self.job_group[member.job.name] = group_id
         self._reschedule(group)
         return group
 

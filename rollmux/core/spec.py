@@ -168,6 +168,12 @@ class JobSpec:
 TRAIN_GPU_HOUR_USD = 5.28
 """Published price of one training (H800) GPU-hour."""
 
+MOVE_RISK_USD = 6.0
+"""What regrouping charges each move beyond its pause (a transfer that fails, a restart,
+work the model does not see): a move must repay it within the horizon. Chosen by
+measurement on five 300-job mixes (docs/results.md): it halves the moves for about 1 % of
+cost."""
+
 
 @dataclass(frozen=True)
 class NodeType:

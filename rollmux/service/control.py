@@ -819,7 +819,8 @@ class ControlPlane:
     def _still_movable(self, plan: RegroupPlan, snapshot: Cluster) -> bool:
         """The plan's jobs still run in their turns (or have still not started), in the
         groups they were in when it was made, with the same partners, and the groups it
-        seats jobs in are as they were (other groups may have changed meanwhile)."""
+        seats jobs in or builds anew in place are as they were (other groups may have
+        changed meanwhile)."""
         jobs, groups = self.state.jobs, self.state.cluster.groups
 
         def unchanged(was: Group) -> bool:
@@ -831,7 +832,8 @@ class ControlPlane:
             job = jobs.get(spec.name)
             if job is None or not (job.in_turns or job.unstarted) or not unchanged(snapshot.group_of(spec.name)):
                 return False
-        return all(unchanged(snapshot.groups[join.group_id]) for join in plan.joins if join.group_id is not None)
+        kept = [join.group_id for join in plan.joins] + [place.group_id for _, place in plan.built() if place]
+        return all(unchanged(snapshot.groups[group_id]) for group_id in kept if group_id is not None)
 
     async def _start_readied(self, plan: RegroupPlan, snapshot: Cluster) -> list[str]:
         """Ready the plan's new nodes (placement groups, workers) on ids set aside for them
