@@ -40,6 +40,22 @@ WIDE = 160
 out = Console(width=None if sys.stdout.isatty() else WIDE)
 err = Console(stderr=True)
 
+MovesPerDay = Annotated[
+    float | None,
+    typer.Option(
+        min=0, max=1_000, help="Each job's budget of moves: one, plus this many per day it runs (default: none)"
+    ),
+]
+MoveRisk = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        max=100_000,
+        help="Dollars each move must repay within regrouping's horizon beyond its pause (fewer, larger moves)",
+    ),
+]
+"""Regrouping's options that ``simulate`` and ``serve`` share."""
+
 F = TypeVar("F", bound=Callable[..., None])
 
 
@@ -96,20 +112,8 @@ def simulate(
     regroup: Annotated[
         bool, typer.Option("--regroup/--no-regroup", help="Let RollMux migrate running jobs when it pays")
     ] = True,
-    moves_per_day: Annotated[
-        float | None,
-        typer.Option(
-            min=0, max=1_000, help="Each job's budget of moves: one, plus this many per day it runs (default: none)"
-        ),
-    ] = None,
-    move_risk_usd: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            max=100_000,
-            help="Dollars each move must repay within regrouping's horizon beyond its pause (fewer, larger moves)",
-        ),
-    ] = MOVE_RISK_USD,
+    moves_per_day: MovesPerDay = None,
+    move_risk_usd: MoveRisk = MOVE_RISK_USD,
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
@@ -649,20 +653,8 @@ def serve(
         float,
         typer.Option(min=0, max=3_600, help="A move's pause per GB of state on its fullest node, as priced"),
     ] = 0.25,
-    moves_per_day: Annotated[
-        float | None,
-        typer.Option(
-            min=0, max=1_000, help="Each job's budget of moves: one, plus this many per day it runs (default: none)"
-        ),
-    ] = None,
-    move_risk_usd: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            max=100_000,
-            help="Dollars each move must repay within regrouping's horizon beyond its pause (fewer, larger moves)",
-        ),
-    ] = MOVE_RISK_USD,
+    moves_per_day: MovesPerDay = None,
+    move_risk_usd: MoveRisk = MOVE_RISK_USD,
     slo_guard: Annotated[
         bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
     ] = True,

@@ -105,11 +105,12 @@ class RegroupConfig:
     ``move_risk_usd * 3600 / horizon_s`` dollars an hour."""
     burst_jobs: int = 3
     burst_window_s: float = 1800.0
-    burst_scale: int = 4
+    burst_scale: int = 2
     """A burst: at least ``burst_jobs`` jobs arrived within the last ``burst_window_s``.
-    While one is on, a round examines every group holding one of them together (the burst
-    is planned as a batch, not job by job) with ``burst_scale`` times the neighbourhood
-    and the work budget."""
+    While one is on, every group holding one of them counts as touched (examined in this
+    round, or queued for the next ones when the neighbourhood is full) and a round has
+    ``burst_scale`` times the work budget. The neighbourhood keeps its size: the columns
+    that move one job grow with its jobs times its groups, uncounted."""
     cache_entries: int = 20_000
     """Solved sets kept between events at most (oldest forgotten first): enough for every
     set a 300-job trace prices while its jobs run (under 7,000)."""
@@ -139,12 +140,11 @@ class RegroupConfig:
             raise ValueError("migration times must be >= 0 and the horizon > 0")
 
     def for_burst(self) -> RegroupConfig:
-        """This configuration with ``burst_scale`` times the neighbourhood and the work
-        budget of a round (still counts: a burst's rounds stay bounded)."""
+        """This configuration with ``burst_scale`` times the work budget of a round (still
+        counted: a burst's rounds stay bounded)."""
         k = self.burst_scale
         return replace(
             self,
-            neighbourhood_jobs=k * self.neighbourhood_jobs,
             evaluations=k * self.evaluations,
             checks_per_event=k * self.checks_per_event,
             steps_per_event=k * self.steps_per_event,
@@ -407,13 +407,9 @@ class _Pricer:
         self.cluster, self.config, self.state, self.jobs, self.progress = cluster, config, state, jobs, progress
         self.must_move = must_move
         self.home = {m.job.name: g for g in cluster.groups.values() for m in g.members if m.job.name in jobs}
-        self.pause = {name: self._pause(job) for name, job in jobs.items()}
+        self.started = {name: progress is None or progress[name].elapsed_s > 0 for name in jobs}
+        self.pause = {name: config.migration_s(job) if self.started[name] else 0.0 for name, job in jobs.items()}
         self.demands = _Demands.of([self._demand(jobs[name]) for name in sorted(jobs)])
-
-    def _pause(self, job: JobSpec) -> float:
-        if self.progress is not None and self.progress[job.name].elapsed_s <= 0:
-            return 0.0
-        return self.config.migration_s(job)
 
     def _demand(self, job: JobSpec) -> tuple[float, float, float, int, float, int]:
         """(SLO budget, shortest chain, training work, training width, rollout work,
@@ -463,9 +459,10 @@ class _Pricer:
 
     def lost_work(self, names: frozenset[str]) -> float:
         """The movers' pauses, each at its job's fluid cost (work a move throws away), and
-        ``move_risk_usd`` for each mover that pauses, in dollar-seconds per hour."""
+        ``move_risk_usd`` for each mover that has started (one not started yet has nothing
+        to move), in dollar-seconds per hour."""
         return sum(
-            _fluid(self.cluster, self.jobs[n]) * self.pause[n] + HOUR * self.config.move_risk_usd * (self.pause[n] > 0)
+            _fluid(self.cluster, self.jobs[n]) * self.pause[n] + HOUR * self.config.move_risk_usd * self.started[n]
             for n in sorted(names)
         )
 
