@@ -45,6 +45,12 @@ class Member:
         rollout, train = self.phases()
         return Seat(rollout.planned(planning), train.planned(planning), self.rollout_nodes, self.train_nodes)
 
+    def resident_gb(self, node: int) -> float:
+        """Host memory the member's state takes on ``node``, as residency counts it (a
+        co-located member holds only its training state there)."""
+        used = self.job.rollout_mem_gb if node in self.rollout_nodes and not self.colocated else 0.0
+        return used + (self.job.train_mem_gb if node in self.train_nodes else 0.0)
+
     def phases(self) -> tuple[PhaseTime, PhaseTime]:
         """The distributions of the member's two phases where it is seated."""
         if self.colocated and self.job.colocated is not None:
@@ -89,13 +95,7 @@ class Group:
         }
 
     def mem_used_gb(self, node: int) -> float:
-        used = 0.0
-        for m in self.members:
-            if node in m.rollout_nodes and not m.colocated:
-                used += m.job.rollout_mem_gb
-            if node in m.train_nodes:
-                used += m.job.train_mem_gb
-        return used
+        return sum(m.resident_gb(node) for m in self.members)
 
 
 @dataclass(frozen=True)
