@@ -717,6 +717,27 @@ class ControlState:
         self._start_moves(origins, before, left, now, "regroup")
         return [job.name for job in plan.moved]
 
+    def still_movable(self, plan: RegroupPlan, snapshot: Cluster) -> bool:
+        """Whether a plan made on ``snapshot`` may still be carried out: its jobs still run
+        in their turns (or have still not started), in the groups they were in when it was
+        made, with the same partners, and the groups it seats jobs in or builds anew in
+        place are as they were (other groups may have changed meanwhile). Every host asks
+        this before :meth:`start_regroup`, since planning takes time (live) or new nodes
+        are readied first (both)."""
+        groups = self.cluster.groups
+
+        def unchanged(was: Group) -> bool:
+            return was.id in groups and [m.job.name for m in groups[was.id].members] == [
+                m.job.name for m in was.members
+            ]
+
+        for spec in plan.moved:
+            job = self.jobs.get(spec.name)
+            if job is None or not (job.in_turns or job.unstarted) or not unchanged(snapshot.group_of(spec.name)):
+                return False
+        kept = [join.group_id for join in plan.joins] + [place.group_id for _, place in plan.built() if place]
+        return all(unchanged(snapshot.groups[group_id]) for group_id in kept if group_id is not None)
+
     def guard(self, now: float) -> list[str]:
         """The SLO guard. A group is re-planned when a member's measured slowdown (the
         median of its last iteration periods in the group over its measured solo time)

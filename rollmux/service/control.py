@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollmux.core.cluster import Cluster, Group
+from rollmux.core.cluster import Cluster
 from rollmux.core.control import (
     CANCELLED,
     DONE,
@@ -788,7 +788,7 @@ class ControlPlane:
             self._reseating = frozenset(job.name for job in movers if job is not None and job.unstarted)
             self._examined(taken)  # before its new nodes are readied: that may take Ray many seconds
             try:
-                if plan is not None and self._still_movable(plan, snapshot):
+                if plan is not None and self.state.still_movable(plan, snapshot):
                     moved += await self._start_readied(plan, snapshot)
             finally:
                 self._reseating = frozenset()
@@ -816,25 +816,6 @@ class ControlPlane:
         seen = job.placed_at is not None and job.placed_at < self._examined_at
         return seen and job.name not in self._reseating
 
-    def _still_movable(self, plan: RegroupPlan, snapshot: Cluster) -> bool:
-        """The plan's jobs still run in their turns (or have still not started), in the
-        groups they were in when it was made, with the same partners, and the groups it
-        seats jobs in or builds anew in place are as they were (other groups may have
-        changed meanwhile)."""
-        jobs, groups = self.state.jobs, self.state.cluster.groups
-
-        def unchanged(was: Group) -> bool:
-            return was.id in groups and [m.job.name for m in groups[was.id].members] == [
-                m.job.name for m in was.members
-            ]
-
-        for spec in plan.moved:
-            job = jobs.get(spec.name)
-            if job is None or not (job.in_turns or job.unstarted) or not unchanged(snapshot.group_of(spec.name)):
-                return False
-        kept = [join.group_id for join in plan.joins] + [place.group_id for _, place in plan.built() if place]
-        return all(unchanged(snapshot.groups[group_id]) for group_id in kept if group_id is not None)
-
     async def _start_readied(self, plan: RegroupPlan, snapshot: Cluster) -> list[str]:
         """Ready the plan's new nodes (placement groups, workers) on ids set aside for them
         before its jobs stop, so a move pauses a job only for its state's transfer; then
@@ -861,7 +842,7 @@ class ControlPlane:
             if done and ready.exception() is not None:
                 log.warning("the new nodes of a regrouping did not come up: %s", describe(ready.exception()))
                 return []
-            if not self._still_movable(plan, snapshot):
+            if not self.state.still_movable(plan, snapshot):
                 return []
             return self.state.start_regroup(plan, self.clock(), ids)
         finally:
