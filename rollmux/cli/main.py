@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import fields, replace
+from enum import Enum
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -55,6 +56,14 @@ MoveRisk = Annotated[
     ),
 ]
 """Regrouping's options that ``simulate`` and ``serve`` share."""
+
+
+class Engine(str, Enum):
+    """How ``simulate`` replays a trace (rollmux.sim.compare.ENGINES)."""
+
+    FAST = "fast"
+    CONTROL = "control"
+
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -117,6 +126,13 @@ def simulate(
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            help="fast: steady-state rates per group; control: the live control plane's state machine, "
+            "phase by phase under a virtual clock, start-ups and transfers paid"
+        ),
+    ] = Engine.FAST,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of cost rate over time (default: next to --json)")] = None,
     mtbf_hours: Annotated[
@@ -201,6 +217,7 @@ def simulate(
             regroup=RegroupConfig(moves_per_day=moves_per_day, move_risk_usd=move_risk_usd) if regroup else None,
             source=str(trace),
             failures=failure_model,
+            engine=engine.value,
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)

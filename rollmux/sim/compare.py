@@ -13,10 +13,14 @@ from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
 from rollmux.inputs.trace import Trace, check_colocated_times
+from rollmux.sim.control_host import HostCosts, simulate_control
 from rollmux.sim.failures import FailureModel
 from rollmux.sim.simulator import HOUR, Realisation, SimResult, fluid_lower_bound_usd, simulate
 
 REFERENCE = "rollmux"
+ENGINES = ("fast", "control")
+"""``fast``: steady-state rates per group (rollmux.sim.simulator), the estimator. ``control``:
+the live control plane's state machine under a virtual clock (rollmux.sim.control_host)."""
 
 
 @dataclass
@@ -124,12 +128,19 @@ def compare(
     regroup: RegroupConfig | None = None,
     source: str = "trace",
     failures: FailureModel | None = None,
+    engine: str = "fast",
 ) -> Comparison:
     """Run every policy over the same trace; ``on_event(policy)`` reports progress.
 
     With ``failures``, every policy runs twice: fault-free, then with failures injected
     (``on_event`` then ticks twice per trace event). Every policy's inputs are checked
-    before the first simulation starts (``source`` names the trace in the error)."""
+    before the first simulation starts (``source`` names the trace in the error).
+    ``engine="control"`` replays every policy through the control plane's state machine
+    (phase by phase, start-ups and transfers paid; ``seed`` draws the phase times)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine == "control" and (failures or realise):
+        raise ValueError("the control engine draws its own phase times and has no failure model yet")
     if "colocated" in policies:
         check_colocated_times(trace, source)
     runs: dict[str, SimResult] = {}
@@ -137,6 +148,13 @@ def compare(
     for name in policies:
         tick = (lambda _cluster, n=name: on_event(n)) if on_event else None
         regrouping = regroup if name == REFERENCE else None
+        if engine == "control":
+            policy = make_policy(name, seed)
+            ticks = (lambda n=name: on_event(n)) if on_event else None
+            runs[name] = simulate_control(
+                trace, policy, cost, planning, regrouping, HostCosts(), seed, on_event=ticks
+            ).result
+            continue
         for model in (None, failures) if failures else (None,):
             run = simulate(
                 trace,
