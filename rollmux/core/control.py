@@ -743,7 +743,9 @@ class ControlState:
         median of its last iteration periods in the group over its measured solo time)
         exceeds its SLO, and the core's schedule with the measured phase times agrees
         that the group breaks it (the member's planned period beyond SLO × its own
-        phases planned alike: a job's own spread is not its partners' doing). The member
+        disaggregated phases planned alike: a job's own spread is not its partners' doing;
+        a co-located member is judged, as its SLO is, against itself alone on disaggregated
+        nodes). The member
         with the longest iteration (the one stretching the others most) is then placed
         anew, as an arriving job would be, and moved there. Returns the jobs moved (at
         most one per group and call: the next call sees the new schedule)."""
@@ -753,7 +755,7 @@ class ControlState:
                 continue
             measured = max(self._measured_slowdown(m.job.name) / m.job.slo for m in group.members)
             planned = max(
-                period / (m.job.slo * m.seat(self.cluster.planning).solo_s)
+                period / (m.job.slo * m.job.planned_iteration(self.cluster.planning))
                 for m, period in zip(group.members, group.schedule.periods, strict=True)
             )
             if min(measured, planned) <= 1 + SLO_TOLERANCE:
@@ -781,8 +783,16 @@ class ControlState:
         return self.jobs[name].in_turns and len(self.periods.get(name, ())) >= GUARD_SAMPLES
 
     def _measured_slowdown(self, name: str) -> float:
-        """Median of the job's recent iteration periods over its measured solo iteration."""
-        solo = sum(statistics.fmean(self.measured[(name, phase)]) for phase in (ROLLOUT, TRAIN))
+        """Median of the job's recent iteration periods over its solo iteration as measured.
+        The SLO is relative to the job alone on disaggregated nodes; a co-located member's
+        phases run slower where it sits, so its solo iteration is its planned one scaled by
+        how its measured phases compare with those planned where it sits (for a
+        disaggregated member: its measured phases)."""
+        seat = self.seat(name)
+        assert seat is not None
+        measured = sum(statistics.fmean(self.measured[(name, phase)]) for phase in (ROLLOUT, TRAIN))
+        planned_here = sum(phase.mean for phase in seat.phases())
+        solo = seat.job.solo_iteration() * measured / planned_here if planned_here > 0 else measured
         return statistics.median(self.periods[name][-GUARD_SAMPLES:]) / solo
 
     def moving(self) -> list[str]:
