@@ -126,3 +126,12 @@ def test_the_slo_guard_judges_a_co_located_member_against_itself_alone_disaggreg
     assert any(account.colocated_s > 0 for account in run.result.jobs.values())
     assert run.guard_moves == 0
     assert run.result.jobs_over_slo == 0
+
+
+def test_busy_fractions_are_the_phases_on_the_nodes_held():
+    job = JobSpec("a", PhaseTime.fixed(100), PhaseTime.fixed(300), 1.5)
+    trace = Trace((TraceJob(job, 0, 3280),))
+    summary = simulate_control(trace, SoloPolicy(), costs=HostCosts(job_start_s=80)).result.summary()
+    # 3,280 s held: 80 s start-up, then 8 iterations of 100 s rollout and 300 s training
+    assert summary["rollout_busy_fraction"] == pytest.approx(800 / 3280)
+    assert summary["train_busy_fraction"] == pytest.approx(2400 / 3280)

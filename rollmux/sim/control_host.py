@@ -261,6 +261,7 @@ class _Host:
             return  # revoked meanwhile (ended, lost)
         phase, tracked = job.grant.phase, self.jobs[name]
         tracked.work_s += self.solo_share(tracked, phase)
+        self.busy(job.grant.nodes, tracked.phase_s)
         seat = self.state.seat(name)
         if seat is not None and seat.colocated:
             tracked.colocated_s += tracked.phase_s
@@ -270,6 +271,11 @@ class _Host:
             self.ask(name)
         if phase == TRAIN and self.slo_guard:
             self.guard()
+
+    def busy(self, nodes: tuple[int, ...], seconds: float) -> None:
+        """Book a phase's time on its nodes as busy (the pools' busy fractions)."""
+        for node in nodes:
+            self.result.pools[self.held[node][0]].busy_node_seconds += seconds
 
     @staticmethod
     def solo_share(tracked: _Tracked, phase: str) -> float:
@@ -287,6 +293,7 @@ class _Host:
         if job.grant is not None and tracked.phase_s > 0:
             done = min(1.0, (self.now - tracked.phase_started) / tracked.phase_s)
             tracked.work_s += done * self.solo_share(tracked, job.grant.phase)
+            self.busy(job.grant.nodes, self.now - tracked.phase_started)
         self.state.end(name, "done", self.now)
         tracked.moves, tracked.paused_s = job.moves, job.paused_s
         self.account(name)
@@ -322,6 +329,7 @@ class _Host:
         self.examined_at = self.now
         self.result.regroup_rounds = self.regrouping.rounds
         self.result.regroup_rounds_exhausted = self.regrouping.exhausted_rounds
+        self.result.regroup_peak_cached = max(self.result.regroup_peak_cached, self.regrouping.cached)
         if plan is None:
             self.start_placed()
             return
