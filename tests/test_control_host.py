@@ -15,7 +15,7 @@ from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.core.turns import CyclicTurns
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
-from rollmux.sim.control_host import HostCosts, NodeOverlap, simulate_control
+from rollmux.sim.control_host import HostCosts, InvariantBroken, simulate_control
 from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import simulate
 
@@ -72,7 +72,7 @@ def test_rollmux_runs_every_job_to_its_end_within_its_slo_with_moves_paid():
 
 
 def test_the_same_seed_gives_the_same_run_and_another_seed_other_phase_times():
-    trace = spread(generate(SHAPE))
+    trace = spread(generate(replace(SHAPE, jobs=8)))
 
     def summary(seed: int) -> str:
         run = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), seed=seed)
@@ -94,7 +94,7 @@ def test_a_job_alone_runs_at_slowdown_one_its_cold_start_and_last_partial_phase_
 
 def test_two_jobs_on_one_node_at_once_are_caught(monkeypatch):
     monkeypatch.setattr(CyclicTurns, "may_start", lambda self, name, phase: True)
-    with pytest.raises(NodeOverlap):
+    with pytest.raises(InvariantBroken):
         simulate_control(generate(SHAPE), RollMuxPolicy(), regroup=RegroupConfig())
 
 

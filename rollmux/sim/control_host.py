@@ -103,8 +103,9 @@ class ControlRun:
     node_log: list[tuple[float, int, str, bool]] = field(default_factory=list)
 
 
-class NodeOverlap(AssertionError):
-    """Two jobs' phases held one node at once: the state machine broke its own fencing."""
+class InvariantBroken(AssertionError):
+    """The state machine broke what the host checks at every step: two jobs' phases held
+    one node at once (its own fencing), or a node was still held after every job left."""
 
 
 class _Host:
@@ -167,7 +168,7 @@ class _Host:
             if on_event and kind in ("arrive", "depart"):
                 on_event()
         if self.held:
-            raise NodeOverlap(f"nodes {sorted(self.held)} are still held after every job left")
+            raise InvariantBroken(f"nodes {sorted(self.held)} are still held after every job left")
         self.result.cost_rate.append((self.now, 0.0))
         return self.run
 
@@ -245,7 +246,7 @@ class _Host:
         for node in grant.nodes:
             other = self.holders.get(node)
             if other is not None and other != name:
-                raise NodeOverlap(f"node {node} granted to {name} at {self.now} while {other} holds it")
+                raise InvariantBroken(f"node {node} granted to {name} at {self.now} while {other} holds it")
             self.holders[node] = name
         tracked = self.jobs[name]
         seat = self.state.seat(name)
