@@ -15,7 +15,7 @@ from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.core.turns import CyclicTurns
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
-from rollmux.sim.control_host import HostCosts, InvariantBroken, simulate_control
+from rollmux.sim.control_host import HostCosts, InvariantBroken, check_phase_budget, simulate_control
 from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import simulate
 
@@ -135,3 +135,13 @@ def test_busy_fractions_are_the_phases_on_the_nodes_held():
     # 3,280 s held: 80 s start-up, then 8 iterations of 100 s rollout and 300 s training
     assert summary["rollout_busy_fraction"] == pytest.approx(800 / 3280)
     assert summary["train_busy_fraction"] == pytest.approx(2400 / 3280)
+
+
+def test_a_trace_it_could_not_replay_in_bounded_time_is_refused_up_front():
+    instant = JobSpec("z", PhaseTime.fixed(0), PhaseTime.fixed(0), 1.5)
+    with pytest.raises(ValueError, match="job z: rollout and training take 0 s"):
+        simulate_control(Trace((TraceJob(instant, 0, 10),)), SoloPolicy())
+    fast = JobSpec("f", PhaseTime.fixed(0.5), PhaseTime.fixed(0.5), 1.5)
+    with pytest.raises(ValueError, match="more than the control engine.s 2,000,000"):
+        simulate_control(Trace((TraceJob(fast, 0, 1_000_001),)), SoloPolicy())
+    check_phase_budget(generate(SHAPE))

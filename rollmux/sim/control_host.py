@@ -41,6 +41,10 @@ from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Po
 from rollmux.inputs.trace import Trace
 from rollmux.sim.simulator import HOUR, JobAccount, SimResult
 
+MAX_PHASES = 2_000_000
+"""Phases a run may grant at most (each job's life over its solo iteration, twice): the
+production trace needs about 105,000 (90 s of CPU), so this bounds a run at about half an
+hour; a trace beyond it is refused up front rather than left running."""
 MANAGED = {"kind": "virtual"}
 """The program of every job here: RollMux runs it (restarted on loss, as a managed job)."""
 
@@ -388,5 +392,24 @@ def simulate_control(
     solo mean, the phase in progress for its share, plus one cold start, which Solo pays
     too): queueing, further start-ups, moves and the turns it waited all count against it.
     ``on_event`` is called at every arrival and departure (progress)."""
+    check_phase_budget(trace)
     host = _Host(trace, policy, cost or CostModel(), planning, regroup, costs or HostCosts(), seed, slo_guard)
     return host.drive(on_event)
+
+
+def check_phase_budget(trace: Trace, limit: int = MAX_PHASES) -> None:
+    """Refuse a trace whose phases the control engine could not replay in bounded time:
+    a job with no phase time at all (its phases would follow each other without end at
+    one instant), or more than ``limit`` phases in all, counted at each job's solo pace
+    (a job in a group runs fewer)."""
+    total = 0.0
+    for j in trace.jobs:
+        iteration = j.spec.solo_iteration()
+        if iteration <= 0:
+            raise ValueError(f"job {j.spec.name}: rollout and training take 0 s; the control engine cannot replay it")
+        total += 2 * (j.departure - j.arrival) / iteration
+    if total > limit:
+        raise ValueError(
+            f"the trace has about {total:,.0f} phases at its jobs' solo pace, more than the control engine's "
+            f"{limit:,} (rollmux.sim.control_host.MAX_PHASES); replay it with --engine fast"
+        )
