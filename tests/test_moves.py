@@ -4,9 +4,14 @@ meanwhile, old nodes stay paid until its state has landed, and the move survives
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from rollmux.core.control import DONE, RUNNING, ControlState, PhaseTiming
 from rollmux.core.regroup import RegroupConfig, RegroupState
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Pool
+from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.store import Store
 from tests.test_control import control, running, spec
 
@@ -218,3 +223,40 @@ def test_a_job_beyond_its_budget_of_moves_stays_where_it_is():
     again, _ = half_empty()
     again.jobs["a"].moves = 1
     assert again.regroup(budget, RegroupState(), 86_400.0) == ["a"], "a day later it has one more"
+
+
+@pytest.mark.parametrize(
+    ("iterations", "moved"),
+    [
+        pytest.param(None, ["a"], id="no-end-said"),
+        pytest.param(1_000_000, ["a"], id="days-left"),
+        pytest.param(100, [], id="minutes-left"),
+    ],
+)
+def test_a_job_about_to_end_is_not_moved_for_a_saving_it_would_not_live_to_repay(iterations, moved):
+    """a's move frees a rollout and a training node ($56.32/h); a risk price of $12 is repaid
+    within the 2-hour horizon, not within the minutes a has left when it says it runs 100
+    more iterations of 3 s (it must still be repaid within 10 minutes then: $72/h)."""
+    state = control()
+    for name in "abcdef":
+        state.submit(replace(spec(name, slo=SLO), iterations=iterations), {}, 0.0)
+    for name in "abcdef":
+        state.activate(name, state.begin_session(name, 0.0).epoch, 0, 0.0)
+    for name in "bce":
+        state.end(name, DONE, 1.0)
+    assert state.regroup(replace(FREE_MOVES, move_risk_usd=12.0), RegroupState(), 3.0) == moved
+
+
+def test_a_submitted_jobs_iterations_tell_the_control_plane_how_long_it_runs_on():
+    job = JobSubmission.model_validate(
+        {"name": "a", "kind": "grpo", "iterations": 7, "slo": 3.0, "rollout_s": 1.0, "train_s": 1.0}
+    )
+    state = control()
+    state.submit(job.spec(), job.program(), 0.0)
+    epoch = state.begin_session("a", 0.0).epoch
+    state.activate("a", epoch, 0, 0.0)
+    for phase, at in (("rollout", 0.0), ("train", 1.0)):
+        grant = state.acquire("a", phase, epoch, at)
+        state.release("a", phase, epoch, grant.token, PhaseTiming(1.0), at + 1.0)
+    left = state.progress(state.cluster, 2.0)["a"].remaining_s
+    assert left == 6 * 2.0, "6 iterations of 2 s (alone: rollout then training) are left"

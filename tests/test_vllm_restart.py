@@ -43,6 +43,7 @@ def undisturbed(task: TRLTask) -> list[tuple[float, float]]:
     return [(m["loss"], m["reward"]) for m in trainer.history]
 
 
+@pytest.mark.slow
 def test_a_killed_vllm_engine_restarts_its_job_which_resumes_as_if_undisturbed(armed_ray, tmp_path):
     job = {"name": "k", "iterations": ITERATIONS, "slo": 3.0, "entrypoint": "rollmux.jobs.trl_grpo:TRLJob.from_context"}
     cluster = {"rollout_nodes": 1, "train_nodes": 1, "lease_s": 2.0, "regroup": False, "slo_guard": False}

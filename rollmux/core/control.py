@@ -673,8 +673,9 @@ class ControlState:
 
     def progress(self, view: Cluster, now: float) -> dict[str, JobProgress]:
         """Every job's progress in ``view`` as the simulator books it, for regrouping's
-        lifetime SLO check: time since it was placed, and solo-equivalent work at its
-        group's planned rate less the pauses of its moves. A job not started yet has none:
+        lifetime SLO check: time since it was placed, solo-equivalent work at its group's
+        planned rate less the pauses of its moves, and, for a job that says how many
+        iterations it runs, its remaining ones at its group's period. A job not started yet has none:
         it moves without a pause, as an arriving job does in the simulator."""
         found = {}
         for group in view.groups.values():
@@ -685,7 +686,8 @@ class ControlState:
                     continue
                 elapsed = max(now - job.placed_at, 0.0)
                 rate = member.seat(view.planning).solo_s / period if period > 0 else 1.0
-                found[job.name] = JobProgress(elapsed, max(elapsed * rate - job.paused_s, 0.0), job.moves)
+                left = None if job.spec.iterations is None else max(job.spec.iterations - job.iteration, 0) * period
+                found[job.name] = JobProgress(elapsed, max(elapsed * rate - job.paused_s, 0.0), job.moves, left)
         return found
 
     def _movable(self, name: str) -> bool:

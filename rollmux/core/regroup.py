@@ -12,9 +12,10 @@ built on new nodes (every job moves) or in place of one of the groups its jobs c
 (the members it seats on exactly the nodes they hold stay: no pause, no move), at their
 price plus their migration amortised over ``horizon_s``: the nodes paid during the pause,
 each mover's lost work (its fluid cost over its pause) and ``move_risk_usd`` per started
-mover (one not started yet has no state and moves for free). A
+mover (one not started yet has no state and moves for free), the last two over the mover's
+expected remaining run time instead when it ends sooner (:class:`JobProgress`). A
 move is therefore chosen only when its saving repays its migration and its risk within
-the horizon, and a merge of two groups is made in place of the larger one, or by joins,
+the horizon and within the mover's life, and a merge of two groups is made in place of the larger one, or by joins,
 when that moves fewer jobs. A job beyond its budget of moves (``moves_per_day``, off by
 default) is not moved. When jobs arrive in a burst (``burst_jobs`` within
 ``burst_window_s``), every group holding one of them counts as touched (examined now, or
@@ -69,6 +70,9 @@ _EPS = 1e-6
 BROKEN_PENALTY = 1e6
 """Added to the price of keeping a group that breaks an SLO, so that it is repaired
 whenever any column can host its jobs (its jobs move even if the pause costs slack)."""
+MIN_REPAY_SHARE = 1 / 12
+"""A job about to end must still repay a move within this share of the horizon (10 minutes
+of 2 hours): its move is dear, not impossible (its group may break an SLO)."""
 SEEDS = 24
 """Columns grown by one job per pricing round (those of least reduced cost)."""
 SWEEP_AT = 4096
@@ -170,6 +174,9 @@ class JobProgress:
     elapsed_s: float
     work_s: float
     moves: int = 0
+    remaining_s: float | None = None
+    """How long the job is expected to run on (None: unknown). A move of it must repay its
+    price within that time, when shorter than the horizon."""
 
     def may_move(self, config: RegroupConfig) -> bool:
         """Within its budget of moves (one, plus ``moves_per_day`` per day run), if any."""
@@ -415,6 +422,7 @@ class _Pricer:
         self.home = {m.job.name: g for g in cluster.groups.values() for m in g.members if m.job.name in jobs}
         self.started = {name: progress is None or progress[name].elapsed_s > 0 for name in jobs}
         self.pause = {name: config.migration_s(job) if self.started[name] else 0.0 for name, job in jobs.items()}
+        self.window = {name: _repay_window(config, progress and progress.get(name)) for name in jobs}
         self.demands = _Demands.of([self._demand(jobs[name]) for name in sorted(jobs)])
 
     def _demand(self, job: JobSpec) -> tuple[float, float, float, int, float, int]:
@@ -466,9 +474,12 @@ class _Pricer:
     def lost_work(self, names: frozenset[str]) -> float:
         """The movers' pauses, each at its job's fluid cost (work a move throws away), and
         ``move_risk_usd`` for each mover that has started (one not started yet has nothing
-        to move), in dollar-seconds per hour."""
+        to move), in dollar-seconds per hour, each scaled up to be repaid within the
+        mover's :func:`_repay_window` rather than the horizon."""
         return sum(
-            _fluid(self.cluster, self.jobs[n]) * self.pause[n] + HOUR * self.config.move_risk_usd * self.started[n]
+            (_fluid(self.cluster, self.jobs[n]) * self.pause[n] + HOUR * self.config.move_risk_usd * self.started[n])
+            * self.config.horizon_s
+            / self.window[n]
             for n in sorted(names)
         )
 
@@ -515,6 +526,15 @@ class _Pricer:
         if not done.may_move(self.config):
             return False
         return pause == 0 or done.elapsed_s <= self.jobs[name].slo * (done.work_s - pause) * (1 + _EPS)
+
+
+def _repay_window(config: RegroupConfig, progress: JobProgress | None) -> float:
+    """Within how long a move of the job must repay its pause, lost work and risk: the
+    horizon, or the job's expected remaining run time when shorter (a move saves nothing
+    after the job ends), at least ``MIN_REPAY_SHARE`` of the horizon."""
+    if progress is None or progress.remaining_s is None:
+        return config.horizon_s
+    return min(config.horizon_s, max(progress.remaining_s, MIN_REPAY_SHARE * config.horizon_s))
 
 
 def _duals(rows: Mapping[str, int], columns: Sequence[_Column]) -> np.ndarray:

@@ -122,12 +122,17 @@ class JobSpec:
     train_mem_gb: float = 0.0
     colocated: tuple[PhaseTime, PhaseTime] | None = None
     kind: str = ""
+    iterations: int | None = None
+    """Iterations the job runs in all, when it says (None: it runs until it ends): how long it
+    is expected to run on, which a move of it must repay its price within."""
 
     def __post_init__(self) -> None:
         if self.slo < 1.0:
             raise ValueError(f"job {self.name}: slo must be >= 1, got {self.slo}")
         if self.rollout_width < 1 or self.train_width < 1:
             raise ValueError(f"job {self.name}: phase widths must be >= 1")
+        if self.iterations is not None and self.iterations < 1:
+            raise ValueError(f"job {self.name}: iterations must be >= 1, got {self.iterations}")
 
     def solo_iteration(self) -> float:
         """Mean iteration time alone on dedicated disaggregated nodes: the slowdown's denominator."""

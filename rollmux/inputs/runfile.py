@@ -8,6 +8,7 @@ job program) or by its owner, who takes its turns through the API (``kind: exter
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,7 +96,7 @@ class JobSubmission(PlanJob):
         return self.kind != "external"
 
     def spec(self) -> JobSpec:
-        return self.to_spec(self.name, self.slo)
+        return replace(self.to_spec(self.name, self.slo), iterations=self.iterations)
 
     def program(self) -> dict[str, Any]:
         """What the driver needs to run the job; stored with it, and compared when the same

@@ -294,7 +294,7 @@ def simulate(
             cluster.remove(event.job.spec.name)
         last_at_this_time = index + 1 == len(timeline) or timeline[index + 1].time > now
         if regroup and last_at_this_time:
-            _regroup(cluster, regroup, result, state)
+            _regroup(cluster, regroup, result, state, {j.spec.name: j.departure - now for j in trace.jobs})
         rates = _rates(cluster, realise, cache)
         result.cost_rate.append((now, rates.cost_per_hour))
         result.nodes_over_time.append((now, rates.nodes[Pool.ROLLOUT], rates.nodes[Pool.TRAIN]))
@@ -316,11 +316,17 @@ def _remember_largest_group(cluster: Cluster, result: SimResult) -> None:
         result.example_group = [(m.job.name, seat) for m, seat in zip(largest.members, seats, strict=True)]
 
 
-def _regroup(cluster: Cluster, config: RegroupConfig, result: SimResult, state: RegroupState) -> None:
+def _regroup(
+    cluster: Cluster, config: RegroupConfig, result: SimResult, state: RegroupState, remaining: dict[str, float]
+) -> None:
     """Re-place running jobs when it pays; charge the migration in dollars and each moved
-    job's pause as lost work (a job not started yet moves without a pause)."""
+    job's pause as lost work (a job not started yet moves without a pause). A job's time
+    left is its trace departure less now, as a live job's is the iterations it said it runs
+    less those done, at its group's period."""
     progress = {
-        j.name: JobProgress(result.jobs[j.name].seconds, result.jobs[j.name].work_s, result.jobs[j.name].moves)
+        j.name: JobProgress(
+            result.jobs[j.name].seconds, result.jobs[j.name].work_s, result.jobs[j.name].moves, remaining[j.name]
+        )
         for j in cluster.jobs()
     }
     plan = plan_regroup(cluster, config, state, progress)
