@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -38,6 +39,17 @@ class TraceJob:
     spec: JobSpec
     arrival: float
     departure: float
+
+    @property
+    def submitted(self) -> JobSpec:
+        """The job as it submits itself at its arrival: with the iterations its trace life
+        holds whole at its solo pace (a job that says fewer than it runs is planned with
+        a tighter budget, never a looser one), unless its spec says how many."""
+        solo = self.spec.solo_iteration()
+        if self.spec.iterations is not None or solo <= 0:
+            return self.spec
+        whole = math.floor((self.departure - self.arrival) / solo)
+        return replace(self.spec, iterations=max(1, whole))
 
 
 @dataclass(frozen=True)

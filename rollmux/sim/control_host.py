@@ -29,7 +29,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.configs import colocated_phases
@@ -75,8 +75,9 @@ class HostCosts:
 
 @dataclass
 class _Tracked:
-    """What the host knows of one job beyond the state machine: its trace entry, its
-    phase in progress and its solo-equivalent work so far."""
+    """What the host knows of one job beyond the state machine: its trace entry (its spec as
+    it submits itself, see ``TraceJob.submitted``), its phase in progress and its
+    solo-equivalent work so far."""
 
     spec: JobSpec
     arrival: float
@@ -129,7 +130,7 @@ class _Host:
         self.move_model = regroup or RegroupConfig()
         self.regrouping = RegroupState()
         self.jobs = {
-            j.spec.name: _Tracked(j.spec, j.arrival, j.departure, random.Random(f"{seed}:{j.spec.name}"))
+            j.spec.name: _Tracked(j.submitted, j.arrival, j.departure, random.Random(f"{seed}:{j.spec.name}"))
             for j in trace.jobs
         }
         self.result = SimResult(policy=policy.name, span_s=trace.end)
@@ -214,17 +215,10 @@ class _Host:
     # --- jobs -----------------------------------------------------------------------------
 
     def arrive(self, name: str) -> None:
-        self.state.submit(replace(self.jobs[name].spec, iterations=self.declared_iterations(name)), MANAGED, self.now)
+        self.state.submit(self.jobs[name].spec, MANAGED, self.now)
         self.round_soon()
         if self.regroup is None:
             self.start_placed()
-
-    def declared_iterations(self, name: str) -> int:
-        """The iterations the job says it runs, as a live job's submission does: those its
-        trace life holds at its solo pace (the control plane then expects it to run on
-        longer than it does when it runs slower than alone, as it would expect of a live job)."""
-        tracked = self.jobs[name]
-        return max(1, math.ceil((tracked.departure - tracked.arrival) / tracked.spec.solo_iteration()))
 
     def start_placed(self, except_: frozenset[str] = frozenset()) -> None:
         """Start the drivers of placed jobs not started yet that a regrouping round has

@@ -289,7 +289,7 @@ def simulate(
             _fail(result, rates, injector.interval(cluster, now, event.time))
         now = event.time
         if event.arrival:
-            place(cluster, policy, event.job.spec)
+            place(cluster, policy, event.job.submitted)
         else:
             cluster.remove(event.job.spec.name)
         last_at_this_time = index + 1 == len(timeline) or timeline[index + 1].time > now
