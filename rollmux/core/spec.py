@@ -144,17 +144,8 @@ class JobSpec:
 
     @property
     def period_budget(self) -> float:
-        """The longest steady period that keeps the job within its SLO over its life.
-
-        A job that runs on indefinitely tolerates its SLO ``S`` times its solo iteration. One
-        that says it runs ``k`` iterations also waits for its first turn in its group (up to
-        a period less its own phases), which a long job amortises and a short one cannot:
-        its budget is ``S (k + 1) / (k + S)`` solo iterations, which keeps its lifetime
-        slowdown within ``S`` whether its k iterations take the wait plus k periods or its
-        life is fixed and the wait shortens the work it does in it."""
-        k, slo = self.iterations, self.slo
-        share = slo if k is None else slo * (k + 1) / (k + slo)
-        return share * self.solo_iteration()
+        """The longest period the job tolerates: its SLO times its mean solo iteration."""
+        return self.slo * self.solo_iteration()
 
     def to_dict(self) -> dict:
         """Plain data (for a store or a wire); :meth:`from_dict` reverses it exactly."""
