@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer
-from rollmux.runtime.state import RoleState
+from rollmux.sdk.state import RoleState
 
 BENCH_CONFIG = GRPOConfig.benchmark()
 WIDTH = 2048

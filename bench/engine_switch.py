@@ -24,7 +24,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rollmux.jobs.trl_grpo import digit_tokenizer, model_files
 from rollmux.jobs.vllm_engine import EngineSpec, Sampling
 from rollmux.jobs.vllm_rollout import VLLMRollout
-from rollmux.runtime.weights import Publisher
+from rollmux.sdk.weights import Publisher
 
 
 def build(layers: int, hidden: int) -> Qwen2ForCausalLM:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollmux.jobs.grpo import GRPOConfig, run_alone  # noqa: E402
-from rollmux.service.client import Client  # noqa: E402
+from rollmux.wire.client import Client  # noqa: E402
 from tests.test_failover import SEEDS as JOBS  # noqa: E402
 from tests.test_failover import SMALL, grpo_pair, serve  # noqa: E402
 

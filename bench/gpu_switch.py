@@ -17,7 +17,7 @@ import sys
 import torch
 from context_switch import model_and_adam  # this folder is on the path of a bench run
 
-from rollmux.runtime.state import RoleState
+from rollmux.sdk.state import RoleState
 
 WIDTH = 4096
 

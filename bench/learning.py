@@ -14,9 +14,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
+from rollmux.live.launch import run_plan
 from rollmux.report.timeline import reward_curves
-from rollmux.runtime.launch import run_plan, start_ray
 
 WINDOW = 5
 

@@ -24,10 +24,11 @@ import tempfile
 from pathlib import Path
 
 from rollmux.core.turns import PhaseRecord
+from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig
-from rollmux.runtime.launch import RunResult, run_plan, start_ray
-from rollmux.runtime.replay import EMULATED
+from rollmux.live.launch import RunResult, run_plan
+from rollmux.live.replay import EMULATED
 
 NAMES = ("job-a", "job-b")
 EMULATED_PHASE_S = 0.5

@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
-from rollmux.runtime.launch import run_plan, start_ray
-from rollmux.runtime.replay import EMULATED, system_cpu_s
+from rollmux.live.launch import run_plan
+from rollmux.live.replay import EMULATED, system_cpu_s
 
 
 def jobs(count: int, phase_s: float, iterations: int, one_call: bool) -> list[dict]:

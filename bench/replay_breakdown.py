@@ -26,7 +26,7 @@ from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import Pool
 from rollmux.inputs.trace import load_profile, read_trace, uniform_slo
-from rollmux.runtime.replay import window
+from rollmux.live.replay import window
 from rollmux.sim.simulator import simulate
 
 HOUR = 3600.0

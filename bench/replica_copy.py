@@ -20,9 +20,9 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.context_switch import WIDTH, model_and_adam  # noqa: E402
-from rollmux.runtime.launch import start_ray  # noqa: E402
-from rollmux.runtime.state import RoleState  # noqa: E402
-from rollmux.runtime.workers import PoolWorker  # noqa: E402
+from rollmux.dataplane.connect import start_ray  # noqa: E402
+from rollmux.dataplane.workers import PoolWorker  # noqa: E402
+from rollmux.sdk.state import RoleState  # noqa: E402
 
 JOB, EPOCH, TOKEN = "bench", 1, 1
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import yaml
 
+from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
+from rollmux.live.launch import run_plan
 from rollmux.report.timeline import reward_curves
-from rollmux.runtime.launch import run_plan, start_ray
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "vllm.yaml"
 WINDOW = 5

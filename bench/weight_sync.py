@@ -5,7 +5,7 @@ model of ``--gib`` GiB. One sync is what the job does after every training phase
 trainer publishes its weights (a worker call), the rollout worker receives them
 (``deliver``), and its next wake applies them into the rollout's own tensors. Timed from
 the publish call to the end of that wake, for packed weights (one flat buffer that Ray
-ships without pickling, ``rollmux.runtime.weights``) and, in the same run, for the old
+ships without pickling, ``rollmux.sdk.weights``) and, in the same run, for the old
 path (a dict of torch tensors, pickled). Last line: ``gib_per_s=… pickled_gib_per_s=…
 speedup=…``; target gib_per_s >= 1.0.
 """
@@ -20,10 +20,10 @@ import ray
 import torch
 from torch import nn
 
-from rollmux.runtime.launch import start_ray
-from rollmux.runtime.state import RoleState
-from rollmux.runtime.weights import PackedWeights, Publisher, load_packed
-from rollmux.runtime.workers import PoolWorker
+from rollmux.dataplane.connect import start_ray
+from rollmux.dataplane.workers import PoolWorker
+from rollmux.sdk.state import RoleState
+from rollmux.sdk.weights import PackedWeights, Publisher, load_packed
 
 CHUNK = 64 * 2**20
 JOB, EPOCH = "bench", 1

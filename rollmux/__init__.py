@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "phase":
-        from rollmux.runtime.session import phase
+        from rollmux.sdk.session import phase
 
         return phase
     raise AttributeError(f"module 'rollmux' has no attribute {name!r}")

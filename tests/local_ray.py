@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import ray
 
-from rollmux.runtime.launch import start_ray
+from rollmux.dataplane.connect import start_ray
 
 
 def fresh_local_ray(rollout_nodes: int, train_nodes: int) -> Iterator[None]:

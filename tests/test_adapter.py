@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer
-from rollmux.runtime.adapter import RolloutAdapter, TrainerAdapter, WeightsDiscarded
+from rollmux.sdk.adapter import RolloutAdapter, TrainerAdapter, WeightsDiscarded
 
 SMALL = GRPOConfig(seed=5, prompts_per_iteration=16, train_groups=8)
 

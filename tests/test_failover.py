@@ -18,12 +18,12 @@ from rollmux.core.control import Capacity, ControlState
 from rollmux.core.errors import NoCapacity, ResidencyExceeded, StaleWeights
 from rollmux.core.placement import make_policy
 from rollmux.core.spec import JobSpec, PhaseTime
+from rollmux.dataplane.portable import PortableRole
+from rollmux.dataplane.workers import PoolWorker
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, run_alone
-from rollmux.runtime.state import PortableRole
-from rollmux.runtime.workers import PoolWorker
-from rollmux.service.client import Client
-from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
+from rollmux.wire.client import Client
+from rollmux.wire.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
 from tests.service_process import ServiceProcess
 from tests.test_recovery import no_node_runs_two_jobs, wait_until
 

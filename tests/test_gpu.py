@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollmux.runtime.state import RoleState
+from rollmux.sdk.state import RoleState
 
 pytestmark = [
     pytest.mark.gpu,

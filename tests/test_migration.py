@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from rollmux.service.client import Client
-from rollmux.service.failpoints import ONCE_VARIABLE, VARIABLE
+from rollmux.wire.client import Client
+from rollmux.wire.failpoints import ONCE_VARIABLE, VARIABLE
 from tests.service_process import ServiceProcess
 from tests.test_recovery import no_node_runs_two_jobs, wait_until
 

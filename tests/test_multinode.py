@@ -13,11 +13,12 @@ import ray
 from ray.cluster_utils import Cluster
 
 from rollmux.core.spec import Pool
+from rollmux.dataplane.nodes import NAMESPACE, POOL_RESOURCE
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOJob
-from rollmux.runtime.launch import run_plan
-from rollmux.runtime.nodes import NAMESPACE, POOL_RESOURCE
-from rollmux.runtime.session import Session
+from rollmux.live.launch import run_plan
+from rollmux.sdk.jobcode import JOB_CODE
+from rollmux.sdk.session import Session
 
 SMALL = {"prompts_per_iteration": 64, "train_groups": 32}
 
@@ -92,10 +93,10 @@ def test_workers_land_on_their_pool_and_a_queued_job_runs_when_nodes_free(cluste
 def test_a_run_on_a_cluster_that_has_a_control_plane_joins_it(cluster, tmp_path):
     from rollmux.service.server import ClusterTaken, ServeOptions, Service
 
-    service = Service(ServeOptions(port=0, state_dir=tmp_path / "served")).start()
+    service = Service(ServeOptions(port=0, state_dir=tmp_path / "served", job_code=JOB_CODE)).start()
     try:
         with pytest.raises(ClusterTaken, match=f"already has a RollMux control plane at {service.url}"):
-            Service(ServeOptions(port=0, state_dir=tmp_path / "another"))
+            Service(ServeOptions(port=0, state_dir=tmp_path / "another", job_code=JOB_CODE))
         plan = RunFile.model_validate({"jobs": [job("joined", iterations=2)]})
         result = run_plan(plan, tmp_path / "run", tick_s=0.2)
         assert result.url == service.url and result.views["joined"]["state"] == "done"

@@ -23,11 +23,11 @@ import ray.exceptions as rex
 from typer.testing import CliRunner
 
 from rollmux.cli.main import app
+from rollmux.dataplane.platform import platform_failure
 from rollmux.jobs.grpo import GRPOConfig, run_alone
-from rollmux.runtime.platform import platform_failure
-from rollmux.service.client import Client
-from rollmux.service.failpoints import ONCE_VARIABLE, RAISE_VARIABLE, VARIABLE
-from rollmux.service.tasks import abandon, spawn
+from rollmux.wire.client import Client
+from rollmux.wire.failpoints import ONCE_VARIABLE, RAISE_VARIABLE, VARIABLE
+from rollmux.wire.tasks import abandon, spawn
 from tests.service_process import ServiceProcess
 from tests.test_recovery import wait_until
 

@@ -16,13 +16,13 @@ import ray
 import torch
 from torch import nn
 
+from rollmux.dataplane import ranks
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPORollout, GRPOTrainer, merge
-from rollmux.runtime import ranks
-from rollmux.runtime.launch import run_plan
-from rollmux.runtime.program import JobContext
-from rollmux.runtime.session import Session, phase
-from rollmux.runtime.state import RoleState
+from rollmux.live.launch import run_plan
+from rollmux.sdk.program import JobContext
+from rollmux.sdk.session import Session, phase
+from rollmux.sdk.state import RoleState
 from tests.local_ray import fresh_local_ray
 
 FEATURES, BATCH, STEPS = 6, 32, 4

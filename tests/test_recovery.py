@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from rollmux.service.client import Client
-from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
+from rollmux.wire.client import Client
+from rollmux.wire.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
 from tests.service_process import ServiceProcess
 
 LEASE_S = 3.0

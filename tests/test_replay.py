@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rollmux.cli.main import app
 from rollmux.inputs.trace import Trace
-from rollmux.runtime import replay
+from rollmux.live import replay
 
 runner = CliRunner()
 TRACE = ["data/traces/production-200jobs.trace", "--profile", "data/traces/production-profile.json"]

@@ -31,7 +31,8 @@ from typing import Any
 import pytest
 
 from rollmux.inputs.runfile import RunFile
-from rollmux.runtime.launch import JobsElsewhere, PlanRun
+from rollmux.live.launch import JobsElsewhere, PlanRun
+from rollmux.sdk.jobcode import JOB_CODE
 from rollmux.service.server import ServeOptions, Service
 from tests.local_ray import fresh_local_ray
 from tests.service_process import free_port
@@ -240,7 +241,8 @@ def test_a_run_that_finds_another_taking_the_state_over_joins_it_once_it_answers
     """The writer lock decides between two runs taking one state over: the loser waits
     and joins the winner's control plane, never a second one on the same store."""
     state = tmp_path / "first" / "state"
-    winner = Service(ServeOptions(port=0, state_dir=state, embedded=True))  # locked and registered, not yet serving
+    options = ServeOptions(port=0, state_dir=state, job_code=JOB_CODE, embedded=True)
+    winner = Service(options)  # locked and registered, not yet serving
     try:
         out = tmp_path / "second"
         out.mkdir()
@@ -266,7 +268,9 @@ def test_a_folder_whose_jobs_are_held_elsewhere_is_refused_naming_where(local_ra
     out.mkdir()
     (out / "control-plane.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "state": str(elsewhere)}))
     plan = PlanRun(RunFile.model_validate({"jobs": [{"name": "a", "iterations": 1}]}), out)
-    cluster = Service(ServeOptions(port=0, state_dir=tmp_path / "other" / "state", embedded=True)).start()
+    cluster = Service(
+        ServeOptions(port=0, state_dir=tmp_path / "other" / "state", job_code=JOB_CODE, embedded=True)
+    ).start()
     try:
         with pytest.raises(JobsElsewhere, match=f"state in {elsewhere}, but this Ray cluster's control plane"):
             plan.__enter__()
@@ -290,7 +294,7 @@ def test_a_cluster_that_wants_a_token_is_refused_naming_what_to_set_when_none_is
 
 CHECK_ACTORS = """
 import sys, ray
-from rollmux.runtime.launch import start_ray
+from rollmux.dataplane.connect import start_ray
 start_ray(sys.argv[1])
 echo = ray.remote(type("Echo", (), {"ping": lambda self: "pong"})).remote()
 print(ray.get(echo.ping.remote(), timeout=60))

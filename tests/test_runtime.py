@@ -18,15 +18,16 @@ import ray
 
 from rollmux.core.errors import StaleEpoch
 from rollmux.core.spec import Pool
+from rollmux.dataplane.executor import RayExecutor
+from rollmux.dataplane.nodes import NodeProvisioner, standby_worker, worker_of
+from rollmux.dataplane.warm import WarmOptions
+from rollmux.dataplane.workers import PhaseNotGranted, PoolWorker
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.grpo import GRPOConfig, GRPOJob, GRPORollout, GRPOTrainer
-from rollmux.runtime.executor import RayExecutor
-from rollmux.runtime.launch import RunResult, run_plan
-from rollmux.runtime.nodes import NodeProvisioner, standby_worker, worker_of
-from rollmux.runtime.session import Session, phase
-from rollmux.runtime.warm import WarmOptions
-from rollmux.runtime.workers import PhaseNotGranted, PoolWorker
-from rollmux.service.client import ServiceError
+from rollmux.live.launch import RunResult, run_plan
+from rollmux.sdk.jobcode import JOB_CODE
+from rollmux.sdk.session import Session, phase
+from rollmux.wire.client import ServiceError
 from tests.local_ray import fresh_local_ray
 from tests.test_recovery import wait_until
 
@@ -269,7 +270,7 @@ def test_an_emptied_worker_serves_its_next_node_and_still_fences_out_its_old_job
 
 
 def test_a_released_nodes_worker_serves_the_next_node_of_its_pool(local_ray):
-    nodes = NodeProvisioner(2**30, warm=1)
+    nodes = NodeProvisioner(2**30, JOB_CODE.sandbox, warm=1)
     nodes.ensure(0, Pool.ROLLOUT)
     asyncio.run(nodes.ready(0))
     first = ray.get(worker_of(0).where.remote())
@@ -289,7 +290,7 @@ def test_a_released_nodes_worker_serves_the_next_node_of_its_pool(local_ray):
 
 def test_a_restarted_executor_finds_the_drivers_and_spare_workers_that_outlived_it(local_ray):
     warm = WarmOptions(drivers_per_process=4, spare_workers=1, standby_workers=1)
-    before = RayExecutor(2**30, warm=warm)
+    before = RayExecutor(2**30, JOB_CODE, warm=warm)
     before.connect("http://127.0.0.1:9", "token")  # nobody answers: the driver keeps retrying its session
     asyncio.run(before.warm_up())
     asyncio.run(before.start_driver("a", 3))
@@ -297,7 +298,7 @@ def test_a_restarted_executor_finds_the_drivers_and_spare_workers_that_outlived_
     wait_until(lambda: ray.get(host.drivers.remote()) == {"a": 3})
     spare = before.nodes.spares[Pool.ROLLOUT][0].name
     standby = before.nodes.standbys[Pool.TRAIN][0].name
-    after = RayExecutor(2**30, warm=warm)
+    after = RayExecutor(2**30, JOB_CODE, warm=warm)
     after.connect("http://127.0.0.1:9", "token")  # restarted at the same address: its drivers are adopted
     try:
         assert asyncio.run(after.driver_alive("a", 3)) and not asyncio.run(after.driver_alive("a", 2))
@@ -348,7 +349,7 @@ def test_phase_decorator_form_needs_a_session_too():
 
 @pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
 def test_a_standby_that_dies_is_replaced_and_named_in_its_place(local_ray):
-    executor = RayExecutor(2**30, warm=WarmOptions(standby_workers=1))
+    executor = RayExecutor(2**30, JOB_CODE, warm=WarmOptions(standby_workers=1))
 
     async def kill_the_first_and_wait_for_another() -> tuple[str, str, Any, Any, Any]:
         try:
@@ -374,7 +375,7 @@ def test_nodes_placed_as_others_are_released_take_their_units_in_one_sync(local_
     # A job that ends and one placed on new node ids in the same reconciliation: the new
     # nodes must get the units the old ones give back (as spares or not), not wait forever
     # for units that spares keep.
-    executor = RayExecutor(2**30, warm=WarmOptions(spare_workers=2))
+    executor = RayExecutor(2**30, JOB_CODE, warm=WarmOptions(spare_workers=2))
     try:
         asyncio.run(executor.sync_nodes({0: Pool.ROLLOUT, 1: Pool.ROLLOUT}))
         asyncio.run(executor.wait_nodes((0, 1)))

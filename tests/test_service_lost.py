@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rollmux.cli.main import app
-from rollmux.service.client import Client
+from rollmux.wire.client import Client
 from tests.service_process import ServiceProcess
 from tests.test_recovery import wait_until
 

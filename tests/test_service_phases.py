@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from rollmux.core.errors import StaleEpoch
-from rollmux.service.client import Client, ServiceError
+from rollmux.wire.client import Client, ServiceError
 from tests.service_process import ServiceProcess
 
 SPEC = {"rollout_s": 1.0, "train_s": 1.0, "slo": 2.0}

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rollmux.runtime.state import RoleState
-from rollmux.service.client import Client
+from rollmux.sdk.state import RoleState
+from rollmux.wire.client import Client
 from tests.service_process import ServiceProcess
 
 SPEC = {"rollout_s": 1.0, "train_s": 1.0, "slo": 2.0}

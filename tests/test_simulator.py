@@ -151,7 +151,7 @@ def test_report_refuses_a_file_that_is_not_a_result(tmp_path):
 def test_jobs_leaving_together_are_not_regrouped_between_their_departures(monkeypatch):
     """A window's jobs all leave at its end: one regrouping after the last of them, none in
     between (re-placing jobs that leave the same instant would charge moves for nothing)."""
-    from rollmux.runtime.replay import window
+    from rollmux.live.replay import window
     from rollmux.sim import simulator
 
     seen: list[int] = []

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollmux.runtime.state import PortableRole, RoleState, SleepMode, pinned_bytes
+from rollmux.dataplane.portable import PortableRole
+from rollmux.sdk.state import RoleState, SleepMode, pinned_bytes
 
 
 def model_and_optimizer():

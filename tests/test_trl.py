@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import ray
 
+from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.trl_grpo import RewardFunc, TRLRollout, TRLTask, TRLTrainer, larger_digit_reward
-from rollmux.runtime.adapter import RolloutAdapter, StaleWeights, TrainerAdapter, WeightsDiscarded
-from rollmux.runtime.launch import RunResult, run_plan, start_ray
+from rollmux.live.launch import RunResult, run_plan
+from rollmux.sdk.adapter import RolloutAdapter, StaleWeights, TrainerAdapter, WeightsDiscarded
 
 ENTRYPOINT = "rollmux.jobs.trl_grpo:TRLJob.from_context"
 ITERATIONS = 3

@@ -17,12 +17,12 @@ from ray import cloudpickle
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rollmux.core.errors import StaleWeights, WeightsDiscarded
+from rollmux.dataplane.workers import PoolWorker
 from rollmux.jobs.grpo import GRPORollout
 from rollmux.jobs.trl_grpo import TRLRollout, TRLTask, TRLTrainer, TRLVLLMRollout
 from rollmux.jobs.vllm_engine import Sampling
-from rollmux.runtime.adapter import RolloutAdapter
-from rollmux.runtime.weights import Publisher
-from rollmux.runtime.workers import PoolWorker
+from rollmux.sdk.adapter import RolloutAdapter
+from rollmux.sdk.weights import Publisher
 from tests.local_ray import fresh_local_ray
 
 TOLERANCE = 1e-3

@@ -14,8 +14,8 @@ import ray
 
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.trl_grpo import TRLTask, TRLTrainer, TRLVLLMRollout
-from rollmux.runtime.launch import run_plan
-from rollmux.service.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
+from rollmux.live.launch import run_plan
+from rollmux.wire.failpoints import ONCE_VARIABLE, SKIP_VARIABLE, VARIABLE
 from tests.local_ray import fresh_local_ray
 
 ITERATIONS = 2

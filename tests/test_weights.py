@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from rollmux.core.errors import ResidencyExceeded, StaleWeights, WeightsDiscarded
-from rollmux.runtime.adapter import ParkedRole
-from rollmux.runtime.state import RoleState
-from rollmux.runtime.weights import Publisher, load_packed
-from rollmux.runtime.workers import PoolWorker
+from rollmux.dataplane.workers import PoolWorker
+from rollmux.sdk.adapter import ParkedRole
+from rollmux.sdk.state import RoleState
+from rollmux.sdk.weights import Publisher, load_packed
 from tests.local_ray import fresh_local_ray
 
 

@@ -519,7 +519,7 @@ def run(
     them (or reports them done)."""
     from rollmux.cli.run import execute
     from rollmux.inputs.runfile import load_run_file
-    from rollmux.runtime.launch import Target
+    from rollmux.live.launch import Target
 
     plan = load_run_file(example)
     target = Target(url, token or os.environ.get("ROLLMUX_TOKEN")) if url else None
@@ -590,7 +590,7 @@ def replay(
     """Replay a trace on the live system (control plane, local Ray, one emulated job per
     trace job) in time divided by K, next to the simulator's run of the same trace."""
     from rollmux.cli.replay import execute, sole_writer, write
-    from rollmux.runtime.replay import ReplayOptions, window
+    from rollmux.live.replay import ReplayOptions, window
 
     loaded = _load_trace(trace, profile, slo_uniform, seed)
     if hours is not None:
@@ -694,7 +694,7 @@ def serve(
     """Run the control plane: places jobs, runs their drivers on Ray, grants their phases."""
     from rollmux.core.regroup import RegroupConfig
     from rollmux.core.spec import Pool
-    from rollmux.runtime.warm import WarmOptions
+    from rollmux.dataplane.warm import WarmOptions
     from rollmux.service.server import DEFAULT_STATE_DIR, ServeOptions, Service
 
     _policy_names(policy)
@@ -723,14 +723,23 @@ def serve(
         else None,
         slo_guard=slo_guard,
         warm=WarmOptions(drivers_per_process, spare_driver_slots, spare_workers, standby),
+        job_code=_job_code() if ray_enabled else None,
     )
     service = Service(options)
     err.print(f"RollMux control plane on {service.url} — token in {options.state_dir / 'token'}", highlight=False)
     service.run()
 
 
+def _job_code():
+    """The job side's code, for a control plane on Ray: the service imports none of it, so
+    its entry point hands it in (imported only then: it loads Ray)."""
+    from rollmux.sdk.jobcode import JOB_CODE
+
+    return JOB_CODE
+
+
 def _client(url: str | None, token: str | None, state_dir: Path | None):
-    from rollmux.service.client import Client
+    from rollmux.wire.client import Client
 
     return Client(url, token, state_dir)
 

@@ -20,15 +20,17 @@ from rich.table import Table
 from rollmux.core.errors import RollMuxError
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import CostModel, Planning, Pool
+from rollmux.dataplane.connect import start_ray
+from rollmux.dataplane.warm import WarmOptions
 from rollmux.inputs.trace import Trace
+from rollmux.live import replay
+from rollmux.live.launch import phase_records
 from rollmux.report.html import replay_cost_plot
 from rollmux.report.timeline import chrome_trace
-from rollmux.runtime import replay
-from rollmux.runtime.launch import phase_records, start_ray
-from rollmux.runtime.warm import WarmOptions
-from rollmux.service.client import Client
+from rollmux.sdk.jobcode import JOB_CODE
 from rollmux.service.server import ServeOptions, Service
 from rollmux.sim.compare import compare
+from rollmux.wire.client import Client
 
 HEADROOM = 1.2
 """Nodes the local Ray offers over the simulator's peak: the live system must never be the
@@ -99,6 +101,7 @@ def execute(
                 spare_workers=options.spare_workers,
                 standby_workers=options.standby_workers,
             ),
+            job_code=JOB_CODE,
         )
     ).start()
     try:

@@ -14,8 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from rollmux.inputs.runfile import RunFile
+from rollmux.live.launch import PlanRun, RunResult, Target, forget
 from rollmux.report.timeline import chrome_trace, gantt, reward_curves
-from rollmux.runtime.launch import PlanRun, RunResult, Target, forget
 
 
 def live_table(

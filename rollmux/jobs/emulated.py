@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from rollmux.runtime.program import JobContext
-from rollmux.runtime.session import Session, phase
+from rollmux.sdk.program import JobContext
+from rollmux.sdk.session import Session, phase
 
 if TYPE_CHECKING:
-    from rollmux.runtime.state import RoleState
+    from rollmux.sdk.state import RoleState
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class EmulatedRole:
     def __init__(self, mib: float):
         import torch
 
-        from rollmux.runtime.state import RoleState
+        from rollmux.sdk.state import RoleState
 
         self.version = 0
         module = torch.nn.Module()

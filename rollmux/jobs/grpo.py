@@ -8,7 +8,7 @@ onto a leading ``0`` — the more frequent tens digit — long before it learns 
 
 The job has two roles, each living on a RollMux worker with its tensors behind a
 :class:`RoleState`, parked and woken through the role adapter
-(:mod:`rollmux.runtime.adapter`): the rollout role samples ``group_size`` answers per
+(:mod:`rollmux.sdk.adapter`): the rollout role samples ``group_size`` answers per
 prompt and scores them; the trainer role takes a GRPO step (group-relative advantages,
 clipped policy ratio) and publishes new weights with a version. A rollout refuses to
 start on weights older than its iteration needs: that is the on-policy guarantee.
@@ -28,10 +28,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from rollmux.runtime import ranks
-from rollmux.runtime.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
-from rollmux.runtime.program import JobContext
-from rollmux.runtime.state import RoleState, read_checkpoint
+from rollmux.dataplane import ranks
+from rollmux.sdk.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
+from rollmux.sdk.program import JobContext
+from rollmux.sdk.state import RoleState, read_checkpoint
 
 PLUS, EQUALS, BOS = 10, 11, 12
 VOCAB = 13

@@ -8,7 +8,7 @@ this size visibly learns within a few dozen optimizer steps (mean reward from ab
 about 0.6 in 30 iterations), where the last digit of a sum stayed at chance after 300.
 
 Both roles hold a ``trl.GRPOTrainer`` and use TRL's own pieces, through the role adapter
-(:mod:`rollmux.runtime.adapter`):
+(:mod:`rollmux.sdk.adapter`):
 
 - the rollout role (rollout worker, in ``phase("rollout")``) runs TRL's generation and
   scoring on one iteration's prompts: sampling with ``num_generations`` completions per
@@ -52,10 +52,10 @@ from transformers import (
 
 from rollmux.jobs.vllm_engine import EngineSpec, Sampling
 from rollmux.jobs.vllm_rollout import VLLMRollout
-from rollmux.runtime.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
-from rollmux.runtime.program import JobContext
-from rollmux.runtime.state import RoleState, default_device, read_checkpoint
-from rollmux.runtime.weights import Publisher
+from rollmux.sdk.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
+from rollmux.sdk.program import JobContext
+from rollmux.sdk.state import RoleState, default_device, read_checkpoint
+from rollmux.sdk.weights import Publisher
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 ENGINES = ("transformers", "vllm")

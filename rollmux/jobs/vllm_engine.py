@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from rollmux.core.errors import StaleWeights, WeightsDiscarded
-from rollmux.runtime.weights import PackedWeights
-from rollmux.service.failpoints import failpoint
+from rollmux.sdk.weights import PackedWeights
+from rollmux.wire.failpoints import failpoint
 
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",

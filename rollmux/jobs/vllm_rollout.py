@@ -44,8 +44,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollmux.core.errors import StaleWeights, WeightsDiscarded
 from rollmux.jobs.vllm_engine import ENGINE_ENV, Completion, Engine, EngineSpec, Sampling
-from rollmux.runtime.adapter import WAKE_ALL, Footprint, SleepModeName, WakeTag
-from rollmux.runtime.weights import PackedWeights
+from rollmux.sdk.adapter import WAKE_ALL, Footprint, SleepModeName, WakeTag
+from rollmux.sdk.weights import PackedWeights
 
 ENGINE_PREFIX = "rollmux-vllm-engine-"
 """Engines are named actors (namespace ``rollmux``), so an operator can find one."""
@@ -111,7 +111,7 @@ class EngineResidence:
         self.host = None
 
     def lend_buffers(self) -> list[np.ndarray | None]:
-        """For a move (:class:`~rollmux.runtime.state.PortableRole`): the host copy's buffer,
+        """For a move (:class:`~rollmux.dataplane.portable.PortableRole`): the host copy's buffer,
         sent out of band; the role is pickled with an empty one meanwhile."""
         if self.awake:
             raise RuntimeError("only a sleeping role travels")

@@ -36,9 +36,9 @@ from rollmux.core.errors import (
 )
 from rollmux.inputs.jobfile import NAME_PATTERN
 from rollmux.inputs.runfile import JobSubmission, Plan
-from rollmux.service.client import ERROR_HEADER
 from rollmux.service.control import ControlPlane
 from rollmux.service.guard import RequestGuard
+from rollmux.wire.client import ERROR_HEADER
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 JobName = Annotated[str, PathParam(pattern=NAME_PATTERN, max_length=128)]

@@ -7,8 +7,7 @@ import secrets
 from pathlib import Path
 
 from rollmux.service.private import FILE_MODE, private_dir, private_file
-
-TOKEN_FILE = "token"
+from rollmux.wire.client import TOKEN_FILE, read_token
 
 
 def ensure_token(state_dir: Path) -> str:
@@ -22,12 +21,4 @@ def ensure_token(state_dir: Path) -> str:
     token = secrets.token_urlsafe(32)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(token + "\n")
-    return token
-
-
-def read_token(state_dir: Path) -> str:
-    path = Path(state_dir) / TOKEN_FILE
-    token = path.read_text().strip()
-    if not token:
-        raise ValueError(f"{path} is empty: delete it to have a new token created")
     return token

@@ -15,7 +15,7 @@ driver could not be started, its driver's process or a worker died (Ray's memory
 kills them under memory pressure) — loses the job and restarts it, counted against its
 ``max_restarts``, never fails it outright; only the job's own code failing (its driver
 reports the error) ends it ``failed``. Every task started here is observed
-(:mod:`rollmux.service.tasks`): an exception is logged with the job and what was being done,
+(:mod:`rollmux.wire.tasks`): an exception is logged with the job and what was being done,
 and handled.
 """
 
@@ -59,10 +59,10 @@ from rollmux.core.replicas import plan_buddies
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
 from rollmux.inputs.runfile import JobSubmission
-from rollmux.service.failpoints import failpoint
 from rollmux.service.journal import Journal
 from rollmux.service.store import Store
-from rollmux.service.tasks import abandon, describe, install_dumps, spawn
+from rollmux.wire.failpoints import failpoint
+from rollmux.wire.tasks import abandon, describe, install_dumps, spawn
 
 log = logging.getLogger("rollmux.control")
 NODES_PATIENCE_S = 20.0

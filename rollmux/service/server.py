@@ -27,14 +27,15 @@ from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import Pool
 from rollmux.service.api import create_app
 from rollmux.service.auth import ensure_token
-from rollmux.service.client import DEFAULT_PORT, DEFAULT_STATE_DIR
 from rollmux.service.control import ControlOptions, ControlPlane
 from rollmux.service.lock import WriterLock, acquire_writer_lock
 from rollmux.service.private import private_dir
 from rollmux.service.store import Store, default_url
+from rollmux.wire.client import DEFAULT_PORT, DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
-    from rollmux.runtime.warm import WarmOptions
+    from rollmux.dataplane.executor import JobCode
+    from rollmux.dataplane.warm import WarmOptions
 
 log = logging.getLogger("rollmux.service")
 
@@ -68,6 +69,10 @@ class ServeOptions:
     slo_guard: bool = True
     warm: WarmOptions | None = None
     """Processes kept started ahead of need (None: the executor's defaults)."""
+    job_code: JobCode | None = None
+    """What the data plane runs of the job side (with Ray: ``rollmux.sdk.jobcode.JOB_CODE``).
+    The entry point that starts the service hands it in: the service imports nothing of
+    the job side, so the control plane's process loads no job library."""
     embedded: bool = False
     """Embedded by ``rollmux run``: when it goes, a run whose jobs it holds takes its state
     over (a ``rollmux serve`` is waited for instead: its operator restarts it)."""
@@ -110,10 +115,15 @@ class Service:
 
     def _ray_executor(self):
         """Start or join Ray, refuse a cluster that already has a control plane, register."""
-        from rollmux.runtime import registry
-        from rollmux.runtime.executor import RayExecutor
-        from rollmux.runtime.launch import start_ray
+        from rollmux.dataplane import registry
+        from rollmux.dataplane.connect import start_ray
+        from rollmux.dataplane.executor import RayExecutor
 
+        if self.options.job_code is None:
+            raise RollMuxError(
+                "a control plane on Ray runs job drivers: give it the job side's code "
+                "(ServeOptions(job_code=rollmux.sdk.jobcode.JOB_CODE))"
+            )
         start_ray(self.options.ray_address, self.options.rollout_nodes, self.options.train_nodes)
         other = registry.lookup()
         if other is not None:
@@ -122,7 +132,12 @@ class Service:
                 f"(pid {other['pid']} on {other['host']}, state in {other['state']}): "
                 "submit to it (rollmux submit/run --url) instead of starting another"
             )
-        executor = RayExecutor(int(self.options.host_memory_gb * 2**30), self.options.gpus_per_node, self.options.warm)
+        executor = RayExecutor(
+            int(self.options.host_memory_gb * 2**30),
+            self.options.job_code,
+            self.options.gpus_per_node,
+            self.options.warm,
+        )
         executor.connect(self.url, self.token)
         self.record = {
             "url": self.url,
@@ -190,7 +205,7 @@ class Service:
 
     def _unregister(self) -> None:
         if self.options.use_ray:
-            from rollmux.runtime import registry
+            from rollmux.dataplane import registry
 
             registry.unregister(self.url)
 

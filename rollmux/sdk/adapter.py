@@ -14,13 +14,13 @@ worker, and switches between jobs at phase boundaries. For that, each role of a 
   new weights before it allocates its cache (vLLM's ``wake_up(tags)``);
 - **run one phase**: a rollout for an iteration, or a training step on its batch;
 - **sync weights**: the trainer publishes ``(version, packed weights)`` — one flat buffer
-  Ray ships without pickling (:mod:`rollmux.runtime.weights`) — the rollout role copies
+  Ray ships without pickling (:mod:`rollmux.sdk.weights`) — the rollout role copies
   them into its own tensors and refuses to generate on weights older than its iteration
   (on-policy);
 - **save and load a checkpoint**, so a restarted job loses no completed step;
 - report its **footprint**, host and device bytes, which the residency check counts.
 
-The worker moves a role through its :class:`~rollmux.runtime.state.RoleState`
+The worker moves a role through its :class:`~rollmux.sdk.state.RoleState`
 (``role.state.sleep()``/``wake()``/``host_bytes()``), which is what ``sleep("offload")``,
 ``wake(WAKE_ALL)`` and ``footprint().host_bytes`` of :class:`ParkedRole` do.
 """
@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 import ray
 
 from rollmux.core.errors import StaleWeights, WeightsDiscarded
-from rollmux.runtime.session import phase
-from rollmux.runtime.state import RoleState, SleepMode, read_checkpoint
-from rollmux.runtime.weights import PackedWeights, Publisher, load_packed
-from rollmux.service.failpoints import failpoint
+from rollmux.sdk.session import phase
+from rollmux.sdk.state import RoleState, SleepMode, read_checkpoint
+from rollmux.sdk.weights import PackedWeights, Publisher, load_packed
+from rollmux.wire.failpoints import failpoint
 
 if TYPE_CHECKING:
-    from rollmux.runtime.session import Session
+    from rollmux.sdk.session import Session
 
 __all__ = ["StaleWeights", "WeightsDiscarded"]
 

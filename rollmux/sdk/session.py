@@ -1,7 +1,7 @@
 """The phase API that job code uses: ``with rollmux.phase("rollout"):`` and friends.
 
 A job's driver holds one :class:`Session`: its turn-taking with the control plane (a
-:class:`~rollmux.service.client.TurnSession`: epoch, lease, grants) and the workers of its
+:class:`~rollmux.wire.client.TurnSession`: epoch, lease, grants) and the workers of its
 nodes. Entering a phase asks the control plane for the grant (blocking until the group's
 round-robin gives this job its turn) and wakes the job's roles on the phase's nodes with
 the grant's fencing token; leaving puts them back to sleep in host memory and hands the
@@ -25,8 +25,8 @@ import ray
 
 from rollmux.core.errors import ResidencyExceeded
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.runtime.nodes import buddy_of, worker_of
-from rollmux.service.client import Grant, TurnSession
+from rollmux.dataplane.nodes import buddy_of, worker_of
+from rollmux.wire.client import Grant, TurnSession
 
 PHASES = (ROLLOUT, TRAIN)
 _attached = threading.local()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rollmux.core.errors import RollMuxError
 
 if TYPE_CHECKING:
-    from rollmux.runtime.session import Session
+    from rollmux.sdk.session import Session
 
 
 class BadEntrypoint(RollMuxError):

@@ -29,12 +29,21 @@ import urllib3
 import yaml
 
 from rollmux.core.errors import RollMuxError, StaleEpoch
-from rollmux.service.auth import read_token
 
 DEFAULT_PORT = 8765
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_STATE_DIR = Path.home() / ".rollmux"
 ERROR_HEADER = "x-rollmux-error"
+TOKEN_FILE = "token"
+"""The bearer token's file in the control plane's state folder (written by the service)."""
+
+
+def read_token(state_dir: Path) -> str:
+    path = Path(state_dir) / TOKEN_FILE
+    token = path.read_text().strip()
+    if not token:
+        raise ValueError(f"{path} is empty: delete it to have a new token created")
+    return token
 
 
 class ServiceError(RollMuxError):

@@ -33,16 +33,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import ray
 
 from rollmux.core.errors import ResidencyExceeded, RollMuxError, StaleEpoch, StaleWeights, WeightsDiscarded
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.service.failpoints import failpoint
-
-if TYPE_CHECKING:  # for annotations only
-    from rollmux.runtime.state import PortableRole, RoleState
+from rollmux.dataplane.portable import PortableRole
+from rollmux.wire.failpoints import failpoint
 
 
 class PhaseNotGranted(RollMuxError):
@@ -50,13 +48,15 @@ class PhaseNotGranted(RollMuxError):
 
 
 class Role(Protocol):
-    """What job code puts on a worker: an object whose tensors sit behind a RoleState.
+    """What job code puts on a worker: an object whose tensors sit behind a
+    :class:`rollmux.sdk.state.RoleState`, its ``state``.
 
-    A role that implements the adapter (:mod:`rollmux.runtime.adapter`: ``sleep(mode)``,
+    A role that implements the adapter (:mod:`rollmux.sdk.adapter`: ``sleep(mode)``,
     ``wake(tags)``, ``footprint()``) is switched through it, and sleeps between its phases
-    in its ``park_mode`` (``offload`` unless it says ``discard``)."""
+    in its ``park_mode`` (``offload`` unless it says ``discard``). The worker only calls
+    them: it imports nothing of the job side (the control plane that starts it does not)."""
 
-    state: RoleState
+    state: Any
 
 
 RoleKey = tuple[str, str]
@@ -77,7 +77,7 @@ class PoolWorker:
         self.epochs: dict[str, int] = {}
         self.pending_weights: dict[str, tuple[int, dict]] = {}
         self.ranks: dict[RoleKey, Any] = {}
-        """Wide roles' places in their process groups (see :mod:`rollmux.runtime.ranks`)."""
+        """Wide roles' places in their process groups (see :mod:`rollmux.dataplane.ranks`)."""
         self.stores: dict[RoleKey, Any] = {}
         """Rendezvous stores this worker serves as rank 0 of a wide role."""
         self.replicas: dict[RoleKey, tuple[int, Role]] = {}
@@ -97,23 +97,12 @@ class PoolWorker:
         """Serve node ``node_id`` from now on (a warm spare taking a node over)."""
         self.node_id = node_id
 
-    def warm_up(self) -> float:
-        """A sandbox phase on a throw-away role, so the first real switch onto this worker
-        (a standby taking a dead node over) finds the library's code paths, allocator and
-        threads warm; returns the seconds it took."""
-        import torch
-
-        from rollmux.runtime.state import RoleState
-
-        start = time.perf_counter()
-        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
-        optimizer = torch.optim.Adam(model.parameters())
-        state = RoleState(model, optimizer)
-        model(torch.randn(8, 64, device=state.device)).square().mean().backward()
-        optimizer.step()
-        state.sleep()
-        state.wake()
-        return time.perf_counter() - start
+    def warm_up(self, sandbox: Callable[[], float]) -> float:
+        """Run ``sandbox``, a phase on a throw-away role (the job side's: see
+        :class:`rollmux.dataplane.executor.JobCode`), so the first real switch onto this
+        worker (a standby taking a dead node over) finds the library's code paths, allocator
+        and threads warm; returns the seconds it took."""
+        return sandbox()
 
     def reset(self) -> None:
         """Empty the worker for its next node: every role and undelivered weight is dropped
@@ -190,8 +179,6 @@ class PoolWorker:
             if role.state.awake:
                 raise PhaseNotGranted(f"{job}'s {phase} role is awake on node {self.node_id}: copy it asleep")
             failpoint("replica:copy")
-            from rollmux.runtime.state import PortableRole  # torch: not in the control plane
-
             return PortableRole(role)
 
     def keep_replica(self, job: str, phase: str, completed: int, role: Role) -> int:
@@ -219,8 +206,6 @@ class PoolWorker:
             held = self.replicas.get((job, phase))
             if held is None or held[0] < at_least:
                 return None
-            from rollmux.runtime.state import PortableRole  # torch: not in the control plane
-
             return PortableRole(held[1])
 
     def drop_replicas(self, job: str) -> None:
@@ -393,7 +378,7 @@ class PoolWorker:
             )
         self._check_holder(job, phase, epoch, token)
         failpoint(f"call:{method}")
-        from rollmux.runtime.ranks import ALONE, serving
+        from rollmux.dataplane.ranks import ALONE, serving
 
         with serving(self.ranks.get((job, phase), ALONE)):
             return getattr(self.roles[(job, phase)], method)(*args)
@@ -402,7 +387,7 @@ class PoolWorker:
         """As rank 0 of the job's wide ``phase`` role: serve the rendezvous of its group."""
         self._check_epoch(job, epoch, exact=True)
         self._role((job, phase))
-        from rollmux.runtime.ranks import open_store
+        from rollmux.dataplane.ranks import open_store
 
         store, host, port = open_store()
         self.stores[(job, phase)] = store
@@ -415,7 +400,7 @@ class PoolWorker:
         (group ``name``, new at every rebuild); blocks until all have joined."""
         self._check_epoch(job, epoch, exact=True)
         self._role((job, phase))
-        from rollmux.runtime.ranks import join
+        from rollmux.dataplane.ranks import join
 
         store = self.stores.get((job, phase)) if rank == 0 else None
         self.ranks[(job, phase)] = join(store, *address, rank, world, name)
@@ -429,8 +414,6 @@ class PoolWorker:
         role = self._role((job, phase))
         if role.state.awake:
             raise PhaseNotGranted(f"{job} is awake on node {self.node_id}: it moves between phases only")
-        from rollmux.runtime.state import PortableRole  # torch: not in the control plane
-
         pending = self.pending_weights.get(job) if phase == ROLLOUT else None
         if phase == ROLLOUT and pending is None and role.state.needs_weights and (job, TRAIN) in self.roles:
             # a co-located rollout leaving its trainer takes the trainer's weights along

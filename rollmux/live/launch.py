@@ -18,7 +18,6 @@ its checkpoint, and a later run of the same folder finds its jobs there again.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -26,17 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import ray
-
 from rollmux.core.control import ENDED_STATES, FAILED, LIVE_STATES
 from rollmux.core.errors import RollMuxError
 from rollmux.core.spec import Pool
 from rollmux.core.turns import PhaseRecord
+from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
-from rollmux.runtime.nodes import NAMESPACE, pool_resources
-from rollmux.runtime.rayauth import settle_token_auth
-from rollmux.service.client import Client, ServiceError
 from rollmux.service.lock import StoreLocked, sqlite_holder
+from rollmux.wire.client import Client, ServiceError
 
 if TYPE_CHECKING:
     from rollmux.service.server import Service
@@ -53,26 +49,6 @@ sees it end at its next look (every half second) and then reads its results."""
 JOINED_RETRY_S = 5.0
 """How long a joined control plane may refuse connections before it is looked for again
 (a busy one still accepts them; looking again when it did not go finds it again)."""
-
-
-def start_ray(address: str | None = None, rollout_nodes: int = 1, train_nodes: int = 1) -> None:
-    """Join the Ray cluster at ``address`` (with its token where it uses token
-    authentication), or start a local instance offering this many logical nodes of each
-    pool. Does nothing if Ray is already up in this process."""
-    if ray.is_initialized():
-        return
-    if address:
-        settle_token_auth(address)
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-        return
-    ray.init(
-        address="local",  # a new instance, even where another one's address file is left behind
-        num_cpus=max(4, os.cpu_count() or 1),
-        resources=pool_resources(rollout_nodes, train_nodes),
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-    )
 
 
 @dataclass
@@ -220,7 +196,7 @@ class PlanRun:
         that holds the jobs is away."""
         if self.target is not None and self.target.url is not None:
             return Plane(Client(self.target.url, self.target.token), {"url": self.target.url})
-        from rollmux.runtime import registry
+        from rollmux.dataplane import registry
         from rollmux.service.server import ClusterTaken
 
         cluster = self.spec.cluster
@@ -254,7 +230,8 @@ class PlanRun:
     def _embed(self, home: dict[str, Any] | None) -> Plane:
         """Host the control plane here, on the state where this folder's jobs live."""
         from rollmux.core.regroup import RegroupConfig
-        from rollmux.runtime.warm import WarmOptions
+        from rollmux.dataplane.warm import WarmOptions
+        from rollmux.sdk.jobcode import JOB_CODE
         from rollmux.service.server import ServeOptions, Service
 
         state = Path(home["state"]) if home is not None else (self.out / "state").resolve()
@@ -279,6 +256,7 @@ class PlanRun:
             regroup=RegroupConfig() if cluster.regroup else None,
             slo_guard=cluster.slo_guard,
             warm=WarmOptions(standby_workers=cluster.standby_workers),
+            job_code=JOB_CODE,
             embedded=True,
         )
         service = Service(options).start()

@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -37,7 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rollmux.core.replicas import Buddy
 from rollmux.core.spec import Pool
-from rollmux.runtime.workers import PoolWorker
+from rollmux.dataplane.workers import PoolWorker
 
 NAMESPACE = "rollmux"
 POOL_RESOURCE = {Pool.ROLLOUT: "rollmux_rollout_node", Pool.TRAIN: "rollmux_train_node"}
@@ -138,9 +139,16 @@ class NodeProvisioner:
     """Creates, finds again, recycles and releases the placement group and worker of each node."""
 
     def __init__(
-        self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None, warm: int = 0, standby: int = 0
+        self,
+        host_limit_bytes: int,
+        sandbox: Callable[[], float],
+        gpus_per_node: dict[Pool, float] | None = None,
+        warm: int = 0,
+        standby: int = 0,
     ):
         self.host_limit_bytes = host_limit_bytes
+        self.sandbox = sandbox
+        """The phase a warm worker runs before it counts (the job side's: ``JobCode.sandbox``)."""
         self.gpus_per_node = gpus_per_node or {}
         self.warm = warm
         """Empty workers kept per pool for the next nodes (each holds one unit of its pool)."""
@@ -225,7 +233,7 @@ class NodeProvisioner:
                     for _ in range(max(0, min(wanted - len(kept), free))):
                         started.append((kept, self._create(pool, prefix)))
                         free -= 1
-            ray.get([worker.worker.warm_up.remote() for _, worker in started])
+            ray.get([worker.worker.warm_up.remote(self.sandbox) for _, worker in started])
             for kept, worker in started:
                 kept.append(worker)
             for pool in Pool:

@@ -32,7 +32,7 @@ import psutil
 
 from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
 from rollmux.inputs.trace import Trace, TraceJob
-from rollmux.service.client import Client, ServiceError
+from rollmux.wire.client import Client, ServiceError
 
 EMULATED = "rollmux.jobs.emulated:EmulatedJob.from_context"
 FOREVER = 10_000_000
@@ -165,7 +165,7 @@ class Killer:
         """SIGKILL the worker process of a random held node (None: no node is held)."""
         import ray
 
-        from rollmux.runtime.nodes import worker_of
+        from rollmux.dataplane.nodes import worker_of
 
         nodes = self.client.request("GET", "/v1/nodes")
         if not nodes:

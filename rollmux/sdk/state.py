@@ -14,7 +14,6 @@ the "device" copy is a separate buffer, so a switch is a real copy whose cost is
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -24,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from ray import cloudpickle
 from torch import nn
 
 
@@ -108,9 +106,10 @@ class RoleState:
 
     @torch.no_grad()
     def lend_buffers(self) -> list[np.ndarray | None]:
-        """For a transfer of the sleeping role (see :class:`PortableRole`): its host buffers
-        as numpy views (None for discarded ones), its tensors pointed at nothing meanwhile so
-        that pickling them carries no bytes. :meth:`take_back` undoes it."""
+        """For a transfer of the sleeping role (see
+        :class:`rollmux.dataplane.portable.PortableRole`): its host buffers as numpy views
+        (None for discarded ones), its tensors pointed at nothing meanwhile so that
+        pickling them carries no bytes. :meth:`take_back` undoes it."""
         if self.awake:
             raise RuntimeError("only a sleeping role travels")
         lent = []
@@ -300,37 +299,6 @@ class RoleState:
 def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
     """The storage's bytes as a uint8 tensor sharing its memory."""
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
-
-
-class PortableRole:
-    """A sleeping role as it travels between workers (a move, a copy to the buddy).
-
-    Pickled as is, every tensor would go through pickle's bytes (about 0.2 GB/s). Wrapped,
-    the role's objects are pickled with their tensors pointed at nothing, and each host
-    buffer goes as a numpy array that Ray ships out of band (as it ships packed weights):
-    one copy into the object store and one out, at memory speed. Numpy arrays the role
-    holds (a weight publisher's buffer) go out of band too. The role's worker keeps its
-    own copy untouched: its tensors are pointed back before the wrapper's pickling ends.
-    """
-
-    def __init__(self, role: Any):
-        self.role = role
-
-    def __reduce__(self) -> tuple:
-        state = self.role.state
-        lent = state.lend_buffers()
-        held: list[pickle.PickleBuffer] = []
-        try:
-            skeleton = cloudpickle.dumps(self.role, protocol=5, buffer_callback=held.append)
-        finally:
-            state.take_back()
-        return _arrive, (skeleton, lent, [np.frombuffer(b.raw(), dtype=np.uint8) for b in held])
-
-
-def _arrive(skeleton: bytes, lent: list[np.ndarray | None], held: list[np.ndarray]) -> Any:
-    role = cloudpickle.loads(skeleton, buffers=[bytearray(b) for b in held])  # writable, and its own
-    role.state.refill(lent)
-    return role
 
 
 def read_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict:

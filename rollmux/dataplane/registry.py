@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import ray
 
-from rollmux.runtime.nodes import NAMESPACE
+from rollmux.dataplane.nodes import NAMESPACE
 
 REGISTRY_NAME = "rollmux-control-plane"
 

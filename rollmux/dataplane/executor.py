@@ -3,7 +3,8 @@ drivers in warm driver processes, capacity as what the Ray cluster offers.
 
 It only carries decisions out; what to provision, start or stop comes from the control
 plane's state (:meth:`rollmux.service.control.ControlPlane._reconcile`). Blocking Ray
-calls run in threads so the control plane's event loop never waits on them.
+calls run in threads so the control plane's event loop never waits on them. What its
+processes run of the job side comes from the entry point (:class:`JobCode`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +21,8 @@ import ray
 from rollmux.core.control import Capacity
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import Pool
-from rollmux.runtime.driver import HOST_PREFIX, start_host
-from rollmux.runtime.nodes import (
+from rollmux.dataplane.hosts import HOST_PREFIX, Drive, start_host
+from rollmux.dataplane.nodes import (
     NAMESPACE,
     POOL_RESOURCE,
     STANDBY_PATIENCE_S,
@@ -29,14 +31,28 @@ from rollmux.runtime.nodes import (
     named_buddies,
     worker_of,
 )
-from rollmux.runtime.platform import platform_failure
-from rollmux.runtime.warm import WarmOptions
-from rollmux.service.failpoints import failpoint
-from rollmux.service.tasks import describe, spawn
+from rollmux.dataplane.platform import platform_failure
+from rollmux.dataplane.warm import WarmOptions
+from rollmux.wire.failpoints import failpoint
+from rollmux.wire.tasks import describe, spawn
 
 log = logging.getLogger("rollmux.executor")
 STANDBY_CHECK_S = 5.0
 """How often the standby workers are checked (a dead one is replaced)."""
+
+
+@dataclass(frozen=True)
+class JobCode:
+    """The job side's code that the data plane runs in its processes: its drivers, and the
+    sandbox phase of a warm worker. The entry point hands it in (the CLI, or a run that
+    embeds a control plane: ``rollmux.sdk.jobcode.JOB_CODE``), so that the control plane,
+    which drives the data plane, imports nothing of the job side; Ray pickles the two
+    functions by name, and the processes that run them import them."""
+
+    drive: Drive
+    sandbox: Callable[[], float]
+    """A throw-away phase a warm worker runs before it counts, so the first real switch onto
+    it finds the library's code paths, allocator and threads warm; returns its seconds."""
 
 
 @dataclass
@@ -49,11 +65,16 @@ class _Host:
 
 class RayExecutor:
     def __init__(
-        self, host_limit_bytes: int, gpus_per_node: dict[Pool, float] | None = None, warm: WarmOptions | None = None
+        self,
+        host_limit_bytes: int,
+        job_code: JobCode,
+        gpus_per_node: dict[Pool, float] | None = None,
+        warm: WarmOptions | None = None,
     ):
         self.warm = warm or WarmOptions()
+        self.job_code = job_code
         self.nodes = NodeProvisioner(
-            host_limit_bytes, gpus_per_node, self.warm.spare_workers, self.warm.standby_workers
+            host_limit_bytes, job_code.sandbox, gpus_per_node, self.warm.spare_workers, self.warm.standby_workers
         )
         self.drivers: dict[str, tuple[int, _Host, Any]] = {}
         """job -> (incarnation, its host, the task that ends with its driver; None if found after a restart)"""
@@ -203,7 +224,7 @@ class RayExecutor:
         return max(room, key=lambda h: len(h.drivers), default=None)
 
     async def _new_host(self) -> _Host:
-        name, handle = await asyncio.to_thread(start_host, self.warm.drivers_per_process)
+        name, handle = await asyncio.to_thread(start_host, self.warm.drivers_per_process, self.job_code.drive)
         host = self.hosts[name] = _Host(name, handle)
         return host
 

@@ -1,85 +1,31 @@
-"""Job drivers, started (and restarted) by the control plane in warm driver processes.
-
-A driver host is a detached Ray actor, a process with the libraries already imported,
-that runs job drivers in threads of its own: by default one at a time (a job's crash or
-kill takes only itself down), or many (emulated jobs in a replay, which need no
-isolation but would otherwise each pay a process start). A host whose driver ended runs
-the next one, so a job starts without starting a process.
+"""Job drivers, started (and restarted) by the control plane in the data plane's warm
+driver processes (:mod:`rollmux.dataplane.hosts`).
 
 A driver begins a session (the next epoch, a lease kept alive by heartbeats), loads the
 job's roles on its nodes' workers, joins its group's turns from the iteration its
 checkpoint reached, and runs the job program. It ends the job when the program returns
 (done) or raises (failed, with the cause), unless what it raised is the platform's (a
 worker or object lost, a process killed by Ray's memory monitor: see
-:mod:`rollmux.runtime.platform`): then it stops without ending the job, which the control
+:mod:`rollmux.dataplane.platform`): then it stops without ending the job, which the control
 plane restarts. A driver whose session was fenced out (a newer incarnation exists) stops
 without touching the job.
 """
 
 from __future__ import annotations
 
-import gc
-import importlib
-import os
-import threading
 import traceback
-import uuid
 from typing import Any
 
 import ray
 
 from rollmux.core.errors import StaleEpoch
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
+from rollmux.dataplane.nodes import buddy_of, worker_of
+from rollmux.dataplane.platform import platform_failure
 from rollmux.inputs.runfile import JobSubmission
-from rollmux.runtime.nodes import NAMESPACE, buddy_of, worker_of
-from rollmux.runtime.platform import platform_failure
-from rollmux.runtime.program import JobContext, load_program
-from rollmux.runtime.session import Session, attach
-from rollmux.service.client import Client, ServiceError, TurnSession
-
-HOST_PREFIX = "rollmux-drivers-"
-
-
-class DriverHost:
-    """A warm process running job drivers, each in a thread of the actor."""
-
-    def __init__(self) -> None:
-        importlib.import_module("torch")  # what job programs load, imported while the host warms up
-        gc.freeze()  # what was imported is never collected: full collections stay short, not ~80 ms
-        self.running: dict[str, int] = {}
-        self.changed = threading.Condition()
-        self.url: str | None = None
-        """The control plane its drivers call (None: it has run none yet)."""
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def serves(self) -> str | None:
-        """The control plane its drivers call: a control plane started at another address
-        (one embedded by a run that took another's state over) has no use for them."""
-        return self.url
-
-    def drivers(self) -> dict[str, int]:
-        """The jobs whose drivers run here, with their incarnations."""
-        return dict(self.running)
-
-    def run(self, url: str, token: str, job: str, incarnation: int) -> str:
-        """Run one incarnation of the job to its end (see :func:`drive`)."""
-        with self.changed:
-            self.running[job] = incarnation
-            self.url = url
-        try:
-            return drive(url, token, job)
-        finally:
-            with self.changed:
-                if self.running.get(job) == incarnation:
-                    del self.running[job]
-                self.changed.notify_all()
-
-    def until_ended(self, job: str, incarnation: int) -> None:
-        """Return once that driver ended (a control plane restarted meanwhile waits here)."""
-        with self.changed:
-            self.changed.wait_for(lambda: self.running.get(job) != incarnation)
+from rollmux.sdk.program import JobContext, load_program
+from rollmux.sdk.session import Session, attach
+from rollmux.wire.client import Client, ServiceError, TurnSession
 
 
 def drive(url: str, token: str, job: str) -> str:
@@ -147,23 +93,6 @@ def _load_roles(
             return history, source
     load((TRAIN, ROLLOUT), None)
     return None, "checkpoint"
-
-
-REMOTE_HOST = ray.remote(DriverHost)
-"""One actor class for every driver host (Ray exports a class once per class object)."""
-
-
-def start_host(capacity: int) -> tuple[str, ray.actor.ActorHandle]:
-    """A new detached driver host for up to ``capacity`` drivers at once, and its name."""
-    name = f"{HOST_PREFIX}{uuid.uuid4().hex[:12]}"
-    handle = REMOTE_HOST.options(
-        name=name,
-        namespace=NAMESPACE,
-        lifetime="detached",
-        num_cpus=0,
-        max_concurrency=2 * capacity + 2,  # a watcher per driver, and `pid` and `drivers` answer
-    ).remote()
-    return name, handle
 
 
 def _end(turns: TurnSession, error: str) -> str:
