@@ -15,7 +15,8 @@ from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import JobSpec, PhaseTime
 from rollmux.core.turns import CyclicTurns
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
-from rollmux.sim.control_host import HostCosts, InvariantBroken, check_phase_budget, simulate_control
+from rollmux.sim.control_host import HostCosts, InvariantBroken, _Journal, check_phase_budget, simulate_control
+from rollmux.sim.faults import Faults
 from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import simulate
 
@@ -111,6 +112,49 @@ def test_simulate_command_runs_the_control_engine_and_refuses_it_with_failures(t
     result = CliRunner().invoke(app, [*args, "--mtbf-hours", "50"])
     assert result.exit_code == 2
     assert "control engine" in result.output
+    result = CliRunner().invoke(app, [*args, "--faults"])
+    assert result.exit_code == 0, result.output
+    faults = json.loads(out.read_text())["faults"]["policies"]
+    assert set(faults) == {"rollmux", "solo"} and faults["rollmux"]["injected"]["plane-restart"] == 2
+    result = CliRunner().invoke(app, [*args[:-4], "--faults"])
+    assert result.exit_code == 2
+    assert "--faults needs --engine control" in result.output
+
+
+HARSH = Faults(driver_kills_per_job_day=1.0, lease_losses_per_job_day=1.0, node_failures_per_day=6.0, plane_restarts=3)
+
+
+def test_faults_strike_every_way_and_every_invariant_holds_at_every_step():
+    trace = generate(SHAPE)
+    clean = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig())
+    run = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), faults=HARSH)
+    faults = run.faults
+    assert faults is not None and faults.checked_steps == run.events
+    assert all(count > 0 for count in faults.injected.values()), faults.injected
+    assert faults.interruptions >= faults.injected["driver-kill"] + faults.injected["lease-loss"]
+    assert faults.redo_s > 0 and faults.down_s > 0
+    assert 0.9 < run.result.ettr < 1.0
+    assert run.result.cost_usd > clean.result.cost_usd + faults.standby_usd * 0.99
+    assert all(a.work_s > 0 for a in run.result.jobs.values())
+    assert {name for name, a in run.result.jobs.items() if a.lost_s > 0} <= set(run.result.jobs)
+
+
+def test_the_same_fault_seed_gives_the_same_run_and_another_seed_other_faults():
+    trace = generate(replace(SHAPE, jobs=8))
+
+    def summary(seed: int) -> str:
+        run = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), faults=replace(HARSH, seed=seed))
+        assert run.faults is not None
+        return json.dumps([run.result.summary(), run.faults.to_json(), run.node_log])
+
+    assert summary(3) == summary(3)
+    assert summary(3) != summary(4)
+
+
+def test_a_journal_that_lost_rows_is_caught_at_the_restart(monkeypatch):
+    monkeypatch.setattr(_Journal, "flush", lambda journal: journal.pending.clear())
+    with pytest.raises(InvariantBroken, match="accepted but are gone after the control plane restarted"):
+        simulate_control(generate(SHAPE), RollMuxPolicy(), regroup=RegroupConfig(), faults=HARSH)
 
 
 def test_the_slo_guard_judges_a_co_located_member_against_itself_alone_disaggregated():

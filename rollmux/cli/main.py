@@ -30,6 +30,7 @@ from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.sim import failures as fail
 from rollmux.sim.failures import FailureModel, Recovery, RecoveryTimes
+from rollmux.sim.faults import Faults
 
 if TYPE_CHECKING:  # the simulator and the plots load scipy and matplotlib: only `simulate` needs them
     from rollmux.sim.compare import Comparison
@@ -133,6 +134,14 @@ def simulate(
             "phase by phase under a virtual clock, start-ups and transfers paid"
         ),
     ] = Engine.FAST,
+    faults: Annotated[
+        bool,
+        typer.Option(
+            "--faults",
+            help="With --engine control: run each policy again with seeded driver kills, lease losses, node "
+            "failures and two control-plane restarts, invariants checked at every step",
+        ),
+    ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of cost rate over time (default: next to --json)")] = None,
     mtbf_hours: Annotated[
@@ -182,7 +191,8 @@ def simulate(
     ] = None,
 ) -> None:
     """Replay a trace under several placement policies and compare cost, efficiency and SLOs;
-    with --mtbf-hours, also with node failures injected, next to the fault-free figures."""
+    with --mtbf-hours (fast engine) or --faults (control engine), also with failures injected,
+    next to the fault-free figures."""
     from rollmux.core.regroup import RegroupConfig
     from rollmux.report.plots import cost_rate_plot
     from rollmux.sim.compare import compare
@@ -198,11 +208,14 @@ def simulate(
         restock_min=restock_min,
         downtimes=(downtime_buddy_s, downtime_checkpoint_s, downtime_cold_s),
     )
+    if faults and engine is not Engine.CONTROL:
+        raise typer.BadParameter("--faults needs --engine control (the fast engine injects --mtbf-hours)")
+    fault_plan = Faults(seed=seed) if faults else None
     loaded = _load_trace(trace, profile, slo_uniform, seed)
     realise = None
     if rollout_cv > 0:
         loaded, realise = with_rollout_cv(loaded, rollout_cv), Realisation(seed=seed)
-    event_count = 2 * len(loaded.jobs) * (2 if failure_model else 1)
+    event_count = 2 * len(loaded.jobs) * (2 if failure_model or fault_plan else 1)
     with Progress(
         TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
     ) as progress:
@@ -218,6 +231,7 @@ def simulate(
             source=str(trace),
             failures=failure_model,
             engine=engine.value,
+            faults=fault_plan,
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)
@@ -226,6 +240,8 @@ def simulate(
     estimated = estimated_line(result.results[result.reference])
     if estimated:
         out.print(estimated, highlight=False)
+    if fault_plan:
+        out.print(faults_table(result))
     if failure_model:
         out.print(failures_table(result))
         for line in failures_lines(result):
@@ -353,6 +369,53 @@ def failures_table(result: Comparison) -> Table:
             f"{100 * s['slo_attainment']:.1f}%",
             str(s["failures"]),
             *(str(s["recoveries"][kind.value]) for kind in Recovery),
+        )
+    return table
+
+
+def faults_table(result: Comparison) -> Table:
+    """Per policy: the control engine's run with faults next to its fault-free run."""
+    from rollmux.sim.compare import fault_summary
+
+    plan = result.faults
+    assert plan is not None
+    table = Table(
+        title=f"faults (control engine, seed {plan.seed}): driver kills {plan.driver_kills_per_job_day:g} and lease "
+        f"losses {plan.lease_losses_per_job_day:g} per job-day, node failures {plan.node_failures_per_day:g} a day, "
+        f"{plan.plane_restarts} control-plane restarts; lease {plan.lease_s:g} s, failover {plan.failover_s:g} s, "
+        f"{plan.standby_per_pool} standby/pool; every invariant checked at every step"
+    )
+    columns = ("policy", "no-fault $", "cost $", "faults cost $", "ETTR", "redo job-h", "down job-h")
+    columns += (
+        "no-fault SLO",
+        "SLO att.",
+        "kills",
+        "leases",
+        "nodes",
+        "restarts",
+        "jobs hit",
+        "failed",
+        "steps checked",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for name, run in result.with_faults.items():
+        s = fault_summary(result.results[name], *run)
+        injected = s["injected"]
+        table.add_row(
+            name,
+            f"{s['fault_free_cost_usd']:,.0f}",
+            f"{s['cost_usd']:,.0f}",
+            f"{s['cost_of_faults_usd']:,.0f}",
+            f"{s['ettr']:.4f}",
+            f"{s['redo_job_hours']:,.1f}",
+            f"{s['down_job_hours']:,.1f}",
+            f"{100 * s['fault_free_slo_attainment']:.1f}%",
+            f"{100 * s['slo_attainment']:.1f}%",
+            *(str(injected[kind]) for kind in ("driver-kill", "lease-loss", "node-failure", "plane-restart")),
+            str(s["interruptions"]),
+            ", ".join(s["failed_jobs"]) or "0",
+            f"{s['checked_steps']:,}",
         )
     return table
 

@@ -15,6 +15,7 @@ from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
 from rollmux.inputs.trace import Trace, check_colocated_times
 from rollmux.sim.control_host import HostCosts, simulate_control
 from rollmux.sim.failures import FailureModel
+from rollmux.sim.faults import FaultAccount, Faults
 from rollmux.sim.simulator import HOUR, Realisation, SimResult, fluid_lower_bound_usd, simulate
 
 REFERENCE = "rollmux"
@@ -32,6 +33,9 @@ class Comparison:
     failure_model: FailureModel | None = None
     with_failures: dict[str, SimResult] = field(default_factory=dict)
     """The same policies with ``failure_model``'s failures injected (empty without one)."""
+    faults: Faults | None = None
+    with_faults: dict[str, tuple[SimResult, FaultAccount]] = field(default_factory=dict)
+    """The same policies through the control engine with ``faults`` injected (empty without)."""
 
     @property
     def reference(self) -> str:
@@ -78,6 +82,16 @@ class Comparison:
             },
             "example_group": [{"job": job, **asdict(seat)} for job, seat in self.results[ref].example_group],
             **({"failures": self.failures_json()} if self.failure_model else {}),
+            **({"faults": self.faults_json()} if self.faults else {}),
+        }
+
+    def faults_json(self) -> dict:
+        """The fault plan and, per policy, its control-engine run with faults next to the
+        fault-free one: cost, ETTR, SLO attainment and what the faults did."""
+        assert self.faults is not None
+        return {
+            "model": asdict(self.faults),
+            "policies": {name: fault_summary(self.results[name], *run) for name, run in self.with_faults.items()},
         }
 
     def failures_json(self) -> dict:
@@ -87,6 +101,20 @@ class Comparison:
             "model": asdict(self.failure_model),
             "policies": {name: failure_summary(self.results[name], run) for name, run in self.with_failures.items()},
         }
+
+
+def fault_summary(fault_free: SimResult, run: SimResult, account: FaultAccount) -> dict:
+    """One policy's control-engine run with faults next to its fault-free run."""
+    return {
+        "fault_free_cost_usd": fault_free.cost_usd,
+        "cost_usd": run.cost_usd,
+        "cost_of_faults_usd": run.cost_usd - fault_free.cost_usd,
+        "ettr": run.ettr,
+        "fault_free_slo_attainment": fault_free.slo_attainment,
+        "slo_attainment": run.slo_attainment,
+        "jobs_over_slo": run.jobs_over_slo,
+        **account.to_json(),
+    }
 
 
 def failure_summary(fault_free: SimResult, run: SimResult) -> dict:
@@ -129,6 +157,7 @@ def compare(
     source: str = "trace",
     failures: FailureModel | None = None,
     engine: str = "fast",
+    faults: Faults | None = None,
 ) -> Comparison:
     """Run every policy over the same trace; ``on_event(policy)`` reports progress.
 
@@ -136,15 +165,21 @@ def compare(
     (``on_event`` then ticks twice per trace event). Every policy's inputs are checked
     before the first simulation starts (``source`` names the trace in the error).
     ``engine="control"`` replays every policy through the control plane's state machine
-    (phase by phase, start-ups and transfers paid; ``seed`` draws the phase times)."""
+    (phase by phase, start-ups and transfers paid; ``seed`` draws the phase times); with
+    ``faults``, every policy runs there twice: fault-free, then with the faults injected."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if engine == "control" and (failures or realise):
-        raise ValueError("the control engine draws its own phase times and has no failure model yet")
+        raise ValueError(
+            "the control engine draws its own phase times and injects its own faults (--faults), not --mtbf-hours"
+        )
+    if faults and engine != "control":
+        raise ValueError("faults are injected by the control engine only (--engine control)")
     if "colocated" in policies:
         check_colocated_times(trace, source)
     runs: dict[str, SimResult] = {}
     with_failures: dict[str, SimResult] = {}
+    with_faults: dict[str, tuple[SimResult, FaultAccount]] = {}
     for name in policies:
         tick = (lambda _cluster, n=name: on_event(n)) if on_event else None
         regrouping = regroup if name == REFERENCE else None
@@ -154,6 +189,20 @@ def compare(
             runs[name] = simulate_control(
                 trace, policy, cost, planning, regrouping, HostCosts(), seed, on_event=ticks
             ).result
+            if faults:
+                faulted = simulate_control(
+                    trace,
+                    make_policy(name, seed),
+                    cost,
+                    planning,
+                    regrouping,
+                    HostCosts(),
+                    seed,
+                    on_event=ticks,
+                    faults=faults,
+                )
+                assert faulted.faults is not None
+                with_faults[name] = (faulted.result, faulted.faults)
             continue
         for model in (None, failures) if failures else (None,):
             run = simulate(
@@ -167,4 +216,4 @@ def compare(
                 failures=model,
             )
             (with_failures if model else runs)[name] = run
-    return Comparison(runs, fluid_lower_bound_usd(trace, cost), seed, failures, with_failures)
+    return Comparison(runs, fluid_lower_bound_usd(trace, cost), seed, failures, with_failures, faults, with_faults)

@@ -18,7 +18,11 @@ the transfer of a moved job's state. Nodes are paid from the moment the state ma
 them to the moment it releases them (draining nodes that still keep a mover's state
 included), so cost comes from the state machine's own node log, not from a model.
 
-Pure of I/O and wall clock; the same inputs and seed give the same result.
+With :class:`~rollmux.sim.faults.Faults`, seeded driver kills, lease losses, node failures
+and control-plane restarts are injected (see :mod:`rollmux.sim.faults`): the journal is then
+a real SQLite store in a temporary directory, written as the service writes it and read back
+at each restart. Otherwise pure of I/O. No wall clock either way: the same inputs and seed
+give the same result.
 """
 
 from __future__ import annotations
@@ -28,17 +32,30 @@ import heapq
 import itertools
 import math
 import random
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.configs import colocated_phases
-from rollmux.core.control import RUNNING, ControlState, Delta, PhaseTiming
+from rollmux.core.control import ENDED_STATES, RUNNING, ControlState, Delta, PhaseTiming
 from rollmux.core.placement import Policy
 from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace
+from rollmux.service.store import Store
+from rollmux.sim.faults import (
+    DRIVER_KILL,
+    LEASE_LOSS,
+    NODE_FAILURE,
+    PLANE_RESTART,
+    Fault,
+    FaultAccount,
+    Faults,
+    schedule,
+)
 from rollmux.sim.simulator import HOUR, JobAccount, SimResult
 
 MAX_PHASES = 2_000_000
@@ -91,6 +108,11 @@ class _Tracked:
     moves: int = 0
     paused_s: float = 0.0
     colocated_s: float = 0.0
+    dead: bool = False
+    """Its driver was killed: what it was doing is not reported (until a new one starts)."""
+    fault_at: float | None = None
+    """When a fault last took its session (until its new session begins)."""
+    lost_s: float = 0.0
 
 
 @dataclass
@@ -106,11 +128,40 @@ class ControlRun:
     guard_moves: int = 0
     events: int = 0
     node_log: list[tuple[float, int, str, bool]] = field(default_factory=list)
+    faults: FaultAccount | None = None
 
 
 class InvariantBroken(AssertionError):
     """The state machine broke what the host checks at every step: two jobs' phases held
-    one node at once (its own fencing), or a node was still held after every job left."""
+    one node at once (its own fencing), a node was still held after every job left, and
+    with faults: a placed job in no group or in two, an accepted job or a completed
+    iteration missing after a control-plane restart."""
+
+
+class _Journal:
+    """The control plane's rows in a real store, written as the service writes them (the
+    drained deltas, in order, in batches: group commit) and read back at a restart."""
+
+    BATCH = 2_000
+
+    def __init__(self) -> None:
+        self.directory = tempfile.TemporaryDirectory(prefix="rollmux-journal-")
+        self.store = Store(f"sqlite:///{Path(self.directory.name) / 'state.db'}")
+        self.pending: list[Delta] = []
+
+    def append(self, delta: Delta) -> None:
+        self.pending.append(delta)
+        if len(self.pending) >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.store.apply(self.pending)
+            self.pending = []
+
+    def close(self) -> None:
+        self.store.engine.dispose()
+        self.directory.cleanup()
 
 
 class _Host:
@@ -124,7 +175,9 @@ class _Host:
         costs: HostCosts,
         seed: int,
         slo_guard: bool,
+        faults: Faults | None = None,
     ) -> None:
+        self.policy, self.faults = policy, faults
         self.state = ControlState(Cluster(cost=cost, planning=planning), policy, lease_s=math.inf)
         self.regroup, self.costs, self.slo_guard = regroup, costs, slo_guard
         self.move_model = regroup or RegroupConfig()
@@ -145,9 +198,18 @@ class _Host:
         the next one before its driver starts, as in the live plane."""
         self.holders: dict[int, str] = {}
         self.held: dict[int, tuple[Pool, float]] = {}
+        self.generation = 0
+        """The control plane's incarnation: rounds and plans of an earlier one are dropped."""
+        self.starting: set[str] = set()
+        """Jobs whose driver is on its way (a restarted control plane does not start it twice)."""
         for j in trace.jobs:
             self.at(j.arrival, "arrive", j.spec.name)
             self.at(j.departure, "depart", j.spec.name)
+        self.journal = _Journal() if faults else None
+        if faults:
+            self.run.faults = FaultAccount()
+            for fault in schedule(faults, trace):
+                self.at(fault.at, "fault", fault)
 
     # --- the clock ------------------------------------------------------------------------
 
@@ -163,24 +225,36 @@ class _Host:
             "carried": self.carried,
             "round": self.round,
             "apply": self.apply,
+            "fault": self.fault,
+            "lost": self.lost,
         }
-        while self.queue:
-            when, _, kind, args = heapq.heappop(self.queue)
-            self.now = when
-            handlers[kind](*args)
-            self.settle()
-            self.run.events += 1
-            if on_event and kind in ("arrive", "depart"):
-                on_event()
+        try:
+            while self.queue:
+                when, _, kind, args = heapq.heappop(self.queue)
+                self.now = when
+                handlers[kind](*args)
+                self.settle()
+                self.run.events += 1
+                if self.faults:
+                    self.check_seats()
+                if on_event and kind in ("arrive", "depart"):
+                    on_event()
+        finally:
+            if self.journal:
+                self.journal.close()
         if self.held:
             raise InvariantBroken(f"nodes {sorted(self.held)} are still held after every job left")
         self.result.cost_rate.append((self.now, 0.0))
+        if self.run.faults:
+            self.charge_standby()
         return self.run
 
     def settle(self) -> None:
         """Act on what the last call changed: phases granted start, movers at their
         boundary send their state, and the node log is paid."""
         delta: Delta = self.state.drain()
+        if self.journal:
+            self.journal.append(delta)
         for entry in delta.phases:
             for node in entry.grant.nodes:
                 if self.holders.get(node) == entry.grant.job:
@@ -225,14 +299,18 @@ class _Host:
         seen (all, without regrouping) and that it does not re-seat (``except_``)."""
         for job in list(self.state.jobs.values()):
             seen = job.placed_at is not None and job.placed_at <= self.examined_at
-            if job.unstarted and seen and job.name not in except_:
+            if job.unstarted and seen and job.name not in except_ and job.name not in self.starting:
                 self.state.claim(job.name)
+                self.starting.add(job.name)
                 self.at(self.now + self.costs.job_start_s, "started", job.name)
 
     def started(self, name: str) -> None:
         tracked = self.jobs[name]
-        if tracked.ended:
+        self.starting.discard(name)
+        if tracked.ended or name not in self.state.jobs:
             return
+        tracked.dead = False
+        self.down(tracked)
         job = self.state.begin_session(name, self.now, "virtual")
         self.state.activate(name, job.epoch, None, self.now)
         tracked.started = True
@@ -245,15 +323,18 @@ class _Host:
             self.state.acquire(name, job.next_phase, job.epoch, self.now)
 
     def granted(self, name: str) -> None:
-        job = self.state.jobs[name]
-        grant = job.grant
-        assert grant is not None
+        job = self.state.jobs.get(name)
+        grant = job.grant if job is not None else None
+        if grant is None:
+            return  # revoked in the same step (its session lost to a fault)
         for node in grant.nodes:
             other = self.holders.get(node)
             if other is not None and other != name:
                 raise InvariantBroken(f"node {node} granted to {name} at {self.now} while {other} holds it")
             self.holders[node] = name
         tracked = self.jobs[name]
+        if tracked.dead:
+            return  # granted to a killed driver: the nodes idle until its lease runs out
         seat = self.state.seat(name)
         true = colocated_phases(tracked.spec) if seat is not None and seat.colocated else None
         true = true or (tracked.spec.rollout, tracked.spec.train)
@@ -263,8 +344,8 @@ class _Host:
 
     def phase_end(self, name: str, token: int) -> None:
         job = self.state.jobs.get(name)
-        if job is None or job.grant is None or job.grant.token != token:
-            return  # revoked meanwhile (ended, lost)
+        if job is None or job.grant is None or job.grant.token != token or self.jobs[name].dead:
+            return  # revoked meanwhile (ended, lost), or its driver was killed
         phase, tracked = job.grant.phase, self.jobs[name]
         tracked.work_s += self.solo_share(tracked, phase)
         self.busy(job.grant.nodes, tracked.phase_s)
@@ -294,9 +375,11 @@ class _Host:
         tracked = self.jobs[name]
         tracked.ended = True
         job = self.state.jobs.get(name)
-        if job is None:
+        self.down(tracked)
+        if job is None:  # it failed (out of restarts) before its end
+            self.account(name)
             return
-        if job.grant is not None and tracked.phase_s > 0:
+        if job.grant is not None and tracked.phase_s > 0 and not tracked.dead:
             done = min(1.0, (self.now - tracked.phase_started) / tracked.phase_s)
             tracked.work_s += done * self.solo_share(tracked, job.grant.phase)
             self.busy(job.grant.nodes, self.now - tracked.phase_started)
@@ -312,6 +395,7 @@ class _Host:
         account.seconds = tracked.departure - tracked.arrival
         account.work_s = tracked.work_s + (self.costs.job_start_s if tracked.started else 0.0)
         account.paused_s, account.moves, account.colocated_s = tracked.paused_s, tracked.moves, tracked.colocated_s
+        account.lost_s = tracked.lost_s
         self.result.migrations += tracked.moves
         account.within_slo_s = account.seconds if account.met_slo else 0.0
 
@@ -322,10 +406,10 @@ class _Host:
         if self.round_at is not None and self.round_at <= self.now + self.costs.settle_s:
             return
         self.round_at = self.now + self.costs.settle_s
-        self.at(self.round_at, "round")
+        self.at(self.round_at, "round", self.generation)
 
-    def round(self) -> None:
-        if self.round_at is None or self.now < self.round_at:
+    def round(self, generation: int) -> None:
+        if generation != self.generation or self.round_at is None or self.now < self.round_at:
             return
         self.round_at = None
         if self.regroup is None:
@@ -341,7 +425,7 @@ class _Host:
             return
         self.start_placed(frozenset(job.name for job in plan.moved))
         ready = self.costs.node_ready_s if self.new_nodes(plan, snapshot) else 0.0
-        self.at(self.now + ready, "apply", plan, snapshot)
+        self.at(self.now + ready, "apply", plan, snapshot, self.generation)
 
     def plan(self, view: Cluster) -> RegroupPlan | None:
         assert self.regroup is not None
@@ -353,7 +437,9 @@ class _Host:
         apply_regroup(trial, plan)
         return any(node not in snapshot.node_pool for node in trial.node_pool)
 
-    def apply(self, plan: RegroupPlan, snapshot: Cluster) -> None:
+    def apply(self, plan: RegroupPlan, snapshot: Cluster, generation: int) -> None:
+        if generation != self.generation:
+            return  # planned by a control plane that has restarted since
         if not self.state.still_movable(plan, snapshot):
             self.run.plans_dropped += 1
             self.start_placed()
@@ -373,6 +459,151 @@ class _Host:
         moved = self.state.guard(self.now)
         self.run.guard_moves += len(moved)
 
+    # --- faults ---------------------------------------------------------------------------
+
+    def fault(self, fault: Fault) -> None:
+        assert self.faults is not None and self.run.faults is not None
+        account = self.run.faults
+        if fault.kind == PLANE_RESTART:
+            self.restart_plane()
+        elif fault.kind == NODE_FAILURE:
+            if not self.fail_node(fault.pick):
+                account.missed += 1
+                return
+        elif not self.running(fault.job):
+            account.missed += 1
+            return
+        elif fault.kind == DRIVER_KILL:
+            self.interrupt(fault.job)
+            self.jobs[fault.job].dead = True
+            reason = f"lease expired: no heartbeat for {self.faults.lease_s:g} s (driver killed)"
+            self.at(self.now + self.faults.lease_s, "lost", fault.job, reason, True, 0.0)
+        else:
+            assert fault.kind == LEASE_LOSS
+            self.interrupt(fault.job)
+            self.lost(fault.job, f"lease expired: no heartbeat for {self.faults.lease_s:g} s (partition)", True, 0.0)
+        account.injected[fault.kind] += 1
+
+    def running(self, name: str) -> bool:
+        """Whether a fault of the job strikes something: its driver runs in its turns."""
+        job = self.state.jobs.get(name)
+        return job is not None and job.in_turns and not self.jobs[name].ended and not self.jobs[name].dead
+
+    def interrupt(self, name: str) -> None:
+        """The job's session is about to go: what it was doing is lost and done again from
+        its last checkpoint (each iteration): the phase in progress, and the rollout of an
+        iteration whose training had not ended."""
+        assert self.run.faults is not None
+        job, tracked = self.state.jobs[name], self.jobs[name]
+        redo = 0.0
+        if job.grant is not None and tracked.phase_s > 0:
+            spent = min(self.now - tracked.phase_started, tracked.phase_s)
+            self.busy(job.grant.nodes, spent)
+            redo += spent / tracked.phase_s * self.solo_share(tracked, job.grant.phase)
+        training = job.grant.phase == TRAIN if job.grant is not None else job.next_phase == TRAIN
+        if training:
+            tracked.work_s -= tracked.spec.rollout.mean
+            redo += tracked.spec.rollout.mean
+        tracked.lost_s += redo
+        self.run.faults.redo_s += redo
+        self.run.faults.interruptions += 1
+        tracked.fault_at = self.now
+
+    def down(self, tracked: _Tracked) -> None:
+        """The job's time from its last fault to now (its new session, or its end) was lost."""
+        if tracked.fault_at is None or self.run.faults is None:
+            return
+        tracked.lost_s += self.now - tracked.fault_at
+        self.run.faults.down_s += self.now - tracked.fault_at
+        tracked.fault_at = None
+
+    def lost(self, name: str, reason: str, counted: bool, resume_after_s: float) -> None:
+        """The control plane loses the job's session (``reason``) and restarts it: after its
+        back-off, ``resume_after_s`` (a standby taking a failed node over) and a cold start."""
+        assert self.run.faults is not None
+        tracked, job = self.jobs[name], self.state.jobs.get(name)
+        if job is None or tracked.ended or job.state != RUNNING:
+            return
+        self.state.lose(name, self.now, reason)
+        if not self.state.restart(name, self.now, counted):
+            self.run.faults.failed_jobs.append(name)
+            return
+        job = self.state.jobs[name]
+        backoff = max(0.0, (job.restart_at or self.now) - self.now)
+        self.state.claim(name)
+        self.starting.add(name)
+        self.at(self.now + backoff + resume_after_s + self.costs.job_start_s, "started", name)
+
+    def fail_node(self, pick: float) -> bool:
+        """A held node fails: every running job seated on it loses its session now (not
+        counted against it) and resumes once a standby has taken the node over."""
+        assert self.faults is not None
+        nodes = sorted(self.held)
+        if not nodes:
+            return False
+        node = nodes[int(pick * len(nodes))]
+        group = next(
+            (g for g in self.state.cluster.groups.values() if node in (*g.rollout_nodes, *g.train_nodes)), None
+        )
+        seated = [m.job.name for m in group.members if node in (*m.rollout_nodes, *m.train_nodes)] if group else []
+        struck = [name for name in seated if self.running(name)]
+        for name in struck:
+            self.interrupt(name)
+            self.lost(name, f"node {node} failed: a standby takes it over", False, self.faults.failover_s)
+        return bool(struck)
+
+    def restart_plane(self) -> None:
+        """Drop the state machine and rebuild it from the journal's rows, as the service does
+        on start; check that no accepted job and no completed iteration was lost."""
+        assert self.journal is not None and self.faults is not None
+        self.journal.flush()
+        before = {name: job.iteration for name, job in self.state.jobs.items()}
+        cluster = self.state.cluster
+        self.state = ControlState.restore(
+            self.journal.store.load(), cluster.cost, cluster.planning, self.policy, self.now, lease_s=math.inf
+        )
+        missing = sorted(set(before) - set(self.state.jobs))
+        if missing:
+            raise InvariantBroken(
+                f"jobs {missing} were accepted but are gone after the control plane restarted at {self.now}"
+            )
+        behind = sorted(name for name, iteration in before.items() if self.state.jobs[name].iteration < iteration)
+        if behind:
+            raise InvariantBroken(
+                f"jobs {behind} lost completed iterations when the control plane restarted at {self.now}"
+            )
+        self.generation += 1
+        self.regrouping, self.round_at = RegroupState(), None
+        for job in list(self.state.jobs.values()):
+            if job.name in self.starting:
+                self.state.claim(job.name)
+            elif job.state == RUNNING and job.grant is None and not self.jobs[job.name].dead:
+                self.ask(job.name)
+        self.round_soon()
+
+    def check_seats(self) -> None:
+        """Every placed job sits in exactly one group, as the state machine records it."""
+        assert self.run.faults is not None
+        seen: dict[str, int] = {}
+        for group in self.state.cluster.groups.values():
+            for member in group.members:
+                name = member.job.name
+                if name in seen:
+                    raise InvariantBroken(f"job {name} sits in groups {seen[name]} and {group.id} at {self.now}")
+                seen[name] = group.id
+        for job in self.state.jobs.values():
+            if job.state not in ENDED_STATES and job.placed_at is not None and job.name not in seen:
+                raise InvariantBroken(f"job {job.name} is {job.state} but in no group at {self.now}")
+        self.run.faults.checked_steps += 1
+
+    def charge_standby(self) -> None:
+        """The standby nodes kept for failed nodes, paid over the whole run."""
+        assert self.faults is not None and self.run.faults is not None
+        cost = self.state.cluster.cost
+        hourly = self.faults.standby_per_pool * sum(cost.price(pool) for pool in Pool)
+        self.run.faults.standby_usd = hourly * self.result.span_s / HOUR
+        self.result.cost_usd += self.run.faults.standby_usd
+
 
 def simulate_control(
     trace: Trace,
@@ -384,6 +615,7 @@ def simulate_control(
     seed: int = 0,
     slo_guard: bool = True,
     on_event: Callable[[], None] | None = None,
+    faults: Faults | None = None,
 ) -> ControlRun:
     """Replay ``trace`` through the control plane's state machine under a virtual clock.
 
@@ -392,9 +624,10 @@ def simulate_control(
     from arrival to departure over its solo-equivalent work (completed phases at their
     solo mean, the phase in progress for its share, plus one cold start, which Solo pays
     too): queueing, further start-ups, moves and the turns it waited all count against it.
-    ``on_event`` is called at every arrival and departure (progress)."""
+    ``on_event`` is called at every arrival and departure (progress). ``faults`` injects
+    seeded faults (:mod:`rollmux.sim.faults`) and checks the invariants at every step."""
     check_phase_budget(trace)
-    host = _Host(trace, policy, cost or CostModel(), planning, regroup, costs or HostCosts(), seed, slo_guard)
+    host = _Host(trace, policy, cost or CostModel(), planning, regroup, costs or HostCosts(), seed, slo_guard, faults)
     return host.drive(on_event)
 
 
