@@ -21,14 +21,14 @@ import ray
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rollmux.jobs.trl_grpo import digit_tokenizer, model_files
+from rollmux.jobs.trl_grpo import model_files, offline_tokenizer
 from rollmux.jobs.vllm_engine import EngineSpec, Sampling
 from rollmux.jobs.vllm_rollout import VLLMRollout
 from rollmux.sdk.weights import Publisher
 
 
 def build(layers: int, hidden: int) -> Qwen2ForCausalLM:
-    tokenizer = digit_tokenizer()
+    tokenizer = offline_tokenizer()
     torch.manual_seed(0)
     return Qwen2ForCausalLM(
         Qwen2Config(
@@ -55,7 +55,7 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     model = build(args.layers, args.hidden)
     publisher = Publisher(model)
-    spec = EngineSpec(model_files(model, digit_tokenizer()), tuple(model.state_dict()), kv_cache_bytes=32 << 20)
+    spec = EngineSpec(model_files(model, offline_tokenizer()), tuple(model.state_dict()), kv_cache_bytes=32 << 20)
     prompt, sampling = [[5, 6, 7, 8]], Sampling(max_tokens=4, temperature=0.0)
 
     start = time.perf_counter()

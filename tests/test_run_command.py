@@ -12,12 +12,18 @@ from pathlib import Path
 
 import pytest
 import ray
+from rich.console import Console
 from typer.testing import CliRunner
 
 from rollmux.cli.main import app
+from rollmux.cli.run import live_table
+from rollmux.core.turns import PhaseRecord
+from rollmux.inputs.entrypoints import check_entrypoints
 from rollmux.inputs.errors import InputError
 from rollmux.inputs.runfile import load_run_file
 from rollmux.jobs.grpo import GRPOConfig, run_alone
+from rollmux.live.launch import realised_slowdowns
+from rollmux.report.timeline import reward_curves, reward_label, reward_limits
 from rollmux.service.lock import acquire_writer_lock
 from rollmux.service.store import Store, default_url
 
@@ -193,3 +199,83 @@ def iterations(out) -> int:
     except sqlite3.OperationalError:  # the control plane is still creating its tables
         return 0
     return min((r[0] for r in rows), default=0) if len(rows) == 2 else 0
+
+
+def write_job_package(folder: Path) -> None:
+    """A user's package ``myjobs`` with one job module, as the TRL tutorial writes it."""
+    (folder / "myjobs").mkdir(parents=True)
+    (folder / "myjobs" / "__init__.py").write_text("")
+    module = "from rollmux.jobs.trl_grpo import TRLJob\n\n\nclass MyJob(TRLJob):\n    pass\n"
+    (folder / "myjobs" / "grpo_job.py").write_text(module)
+
+
+USERS_JOB = "jobs:\n  - name: mine\n    iterations: 2\n    slo: 2.0\n    entrypoint: myjobs.grpo_job:{}.from_context\n"
+
+
+def test_an_entrypoint_the_run_cannot_import_is_refused_before_any_job_starts(tmp_path, monkeypatch):
+    code, elsewhere = tmp_path / "code", tmp_path / "elsewhere"
+    write_job_package(code)
+    elsewhere.mkdir()
+    spec = code / "run.yaml"
+    spec.write_text(USERS_JOB.format("MyJob"))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(elsewhere)
+    refused = runner.invoke(app, ["run", str(spec), "--out", str(tmp_path / "out")])
+    assert refused.exit_code == 2, refused.output
+    said = " ".join(refused.output.split())
+    assert f"{spec}:5: field 'jobs.0.entrypoint': job 'mine': cannot import 'myjobs.grpo_job'" in said
+    assert "run from the directory that holds 'myjobs', or add that directory to PYTHONPATH" in said
+    assert not (tmp_path / "out").exists()  # nothing started
+
+    monkeypatch.chdir(code)
+    check_entrypoints(spec, load_run_file(spec).plan())  # from the package's directory it is found
+    monkeypatch.chdir(elsewhere)
+    check_entrypoints(spec, load_run_file(spec).plan(), folder=code)
+    spec.write_text(USERS_JOB.format("TheirJob"))
+    with pytest.raises(InputError, match="'myjobs.grpo_job' .* defines no 'TheirJob'") as caught:
+        check_entrypoints(spec, load_run_file(spec).plan(), folder=code)
+    assert caught.value.field == "jobs.0.entrypoint"
+    assert "myjobs.grpo_job" not in sys.modules  # looked up, never run
+
+
+@pytest.mark.parametrize(
+    ("job", "said"),
+    [
+        ("slo: 2.0", "job 'x' (kind grpo, as it names no 'entrypoint'): field 'iterations' is required for a grpo job"),
+        ("entrypoint: a.b:c", "job 'x' (kind program): field 'iterations' is required for a program job"),
+    ],
+)
+def test_a_missing_field_is_named_for_the_kind_of_job(tmp_path, job, said):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"jobs:\n  - name: x\n    {job}\n")
+    with pytest.raises(InputError) as caught:
+        load_run_file(path)
+    assert (caught.value.field, caught.value.reason, caught.value.line) == ("jobs.0.iterations", said, 2)
+
+
+def record(job: str, phase: str, granted: float, busy: float, released: float) -> PhaseRecord:
+    return PhaseRecord(job, phase, 0, (0,), granted, granted, granted, granted + busy, released, 0.0, 0.0)
+
+
+def test_the_final_table_shows_the_slowdown_each_finished_job_ran_at():
+    records = [record("a", "rollout", 0, 1, 1), record("b", "rollout", 1, 1, 2), record("a", "train", 2, 1, 3)]
+    assert realised_slowdowns(records) == {"a": 1.5, "b": 1.0}
+    view = {"state": "done", "reason": "", "iterations": 1, "phase": None, "slowdown": None, "restarts": 0}
+    views = {"a": {**view, "realised_slowdown": 1.5}, "b": {**view, "state": "running", "slowdown": 1.25}}
+    console = Console(record=True, width=200)
+    console.print(live_table(views, {}, {"a": 1, "b": 1}))
+    shown = console.export_text()
+    rows = {line.split()[1]: line for line in shown.splitlines() if line.startswith("│ ")}
+    assert "1.500*" in rows["a"] and "1.250" in rows["b"] and "slowdown as run" in shown
+
+
+def test_the_reward_plot_is_labelled_and_scaled_from_the_jobs_rewards(tmp_path):
+    history = [
+        {"iteration": i, "elapsed_s": float(i), "reward": r, "reward/format_bonus": r} for i, r in enumerate((0.4, 1.2))
+    ]
+    low, high = reward_limits({"a": history})
+    assert low < 0.4 and high > 1.2
+    assert reward_label({"a": history}) == "mean reward (format_bonus)"
+    assert reward_label({"a": [{"reward": 0.5}]}) == "mean reward"
+    picture = reward_curves({"a": history, "no-reward": [{"iteration": 0, "loss": 1.0}]}, tmp_path / "r.png", "t")
+    assert picture.read_bytes()[:4] == b"\x89PNG"

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from rollmux.cli.main import app
@@ -217,3 +218,23 @@ def test_a_job_that_does_not_fit_the_ray_cluster_waits_and_is_placed_when_nodes_
         assert history == taken + given_back + taken
     finally:
         service.stop()
+
+
+def test_submit_takes_a_run_file_and_submits_its_jobs(service, tmp_path):
+    """A run file is not a plan (its jobs are RollMux's to run, its cluster the embedded
+    control plane's): `rollmux submit` sends its jobs as a plan, which this control plane
+    without Ray refuses by their kind; the API names what it got."""
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(
+        "policy: rollmux\ncluster: {rollout_nodes: 1, train_nodes: 1}\njobs:\n"
+        "  - {name: run-a, iterations: 3, slo: 2.0}\n  - {name: run-b, iterations: 3, slo: 2.0, grpo: {seed: 1}}\n"
+    )
+    common = ["--url", service.url, "--state-dir", str(service.state_dir)]
+    submitted = CliRunner().invoke(app, ["submit", str(run_file), *common])
+    said = " ".join(submitted.output.split())
+    assert submitted.exit_code == 2, said
+    assert "job run-a: this control plane runs without Ray and cannot run a grpo job" in said
+    assert "Extra inputs" not in said
+    refused = post(service, yaml.safe_load(run_file.read_text()), path="/v1/plans")
+    assert refused.status_code == 422 and "this is a run file" in refused.json()["detail"][0]["msg"]
+    assert "rollmux submit FILE" in refused.json()["detail"][0]["msg"]

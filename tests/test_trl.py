@@ -15,7 +15,16 @@ import ray
 
 from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
-from rollmux.jobs.trl_grpo import RewardFunc, TRLRollout, TRLTask, TRLTrainer, larger_digit_reward
+from rollmux.jobs.trl_grpo import (
+    RewardFunc,
+    TRLRollout,
+    TRLTask,
+    TRLTrainer,
+    grpo_options,
+    larger_digit_reward,
+    settings,
+    settings_text,
+)
 from rollmux.live.launch import RunResult, run_plan
 from rollmux.sdk.adapter import RolloutAdapter, StaleWeights, TrainerAdapter, WeightsDiscarded
 
@@ -132,4 +141,26 @@ def test_a_users_task_runs_with_its_own_model_rewards_and_trl_options():
     batch = rollout.generate(0)
     assert len(batch["rewards"]) == 4 * task.num_generations
     assert batch["rewards"].max() <= 1.5
-    assert trainer.train(batch)["version"] == 1
+    metrics = trainer.train(batch)
+    assert metrics["version"] == 1
+    parts = metrics["reward/larger_digit_reward"] + metrics["reward/short_answer_reward"]
+    assert parts == pytest.approx(metrics["reward"])  # each reward function's mean, as the plot labels it
+
+
+@dataclass(frozen=True)
+class HiddenTermTask(TRLTask):
+    def trl_options(self) -> dict[str, Any]:
+        return {"entropy_coef": 0.0}
+
+
+def test_every_option_the_job_passes_trl_is_listed_with_where_it_comes_from():
+    task = TwoRewardTask(seed=4)
+    rows = {row.name: row for row in settings(task)}
+    assert set(grpo_options(task)) <= set(rows)
+    assert (rows["entropy_coef"].value, rows["entropy_coef"].source) == (0.01, "default")
+    assert (rows["seed"].source, rows["hidden_size"].source) == ("set", "default")  # the subclass's default
+    assert (rows["loss_type"].value, rows["loss_type"].source) == ("dr_grpo", "trl_options()")
+    assert rows["beta"].source == "TRL default" and rows["max_grad_norm"].source == "not applied"
+    assert "entropy_coef" in settings_text(task) and "GRPOConfig.entropy_coef" in rows["entropy_coef"].meaning
+    with pytest.raises(ValueError, match="'entropy_coef', a field of the task: set it in the job's args"):
+        grpo_options(HiddenTermTask())

@@ -572,6 +572,7 @@ def run(
         str | None, typer.Option("--url", help="Submit to this running control plane instead of embedding one")
     ] = None,
     token: Annotated[str | None, typer.Option("--token", help="Its bearer token (default $ROLLMUX_TOKEN)")] = None,
+    import_check: ImportCheck = True,
 ) -> None:
     """Run real jobs multiplexed on shared rollout and training workers on Ray.
 
@@ -579,12 +580,20 @@ def run(
     has, or one embedded here with its state in the output folder. An embedded one stays
     up until the jobs other runs gave it ended too; a run whose control plane went takes
     it over. Jobs checkpoint after every iteration; running the same file again resumes
-    them (or reports them done)."""
+    them (or reports them done).
+
+    Takes a run file (the cluster, the policy and the jobs); `rollmux submit` takes a job
+    spec or a plan, and submits a run file's jobs to a running control plane. Each
+    `entrypoint:` is checked before any job starts: its module must be importable from the
+    directory the run starts in or the Python path."""
     from rollmux.cli.run import execute
+    from rollmux.inputs.entrypoints import check_entrypoints
     from rollmux.inputs.runfile import load_run_file
     from rollmux.live.launch import Target
 
     plan = load_run_file(example)
+    if import_check:
+        check_entrypoints(example, plan.plan())
     target = Target(url, token or os.environ.get("ROLLMUX_TOKEN")) if url else None
     try:
         result = execute(plan, out_dir, out, fresh, target)
@@ -687,6 +696,14 @@ ServiceUrl = Annotated[str | None, typer.Option("--url", help="Service URL (defa
 Token = Annotated[str | None, typer.Option("--token", help="Bearer token (default $ROLLMUX_TOKEN or the state dir's)")]
 StateDir = Annotated[Path | None, typer.Option("--state-dir", help="Where the service keeps its token and database")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+ImportCheck = Annotated[
+    bool,
+    typer.Option(
+        "--import-check/--no-import-check",
+        help="Check here that each entrypoint's module is importable before submitting (off: the job's code is "
+        "only where the control plane runs)",
+    ),
+]
 
 
 @app.command()
@@ -810,16 +827,54 @@ def _client(url: str | None, token: str | None, state_dir: Path | None):
 @app.command()
 @friendly_errors
 def submit(
-    spec: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON, or a plan with a `jobs:` list")],
+    spec: Annotated[
+        Path,
+        typer.Argument(
+            help="Job spec (YAML or JSON), a plan (a `jobs:` list), or a run file (`policy:`/`cluster:` and `jobs:`)"
+        ),
+    ],
     url: ServiceUrl = None,
     token: Token = None,
     state_dir: StateDir = None,
     as_json: AsJson = False,
+    import_check: ImportCheck = True,
 ) -> None:
-    """Submit a job (or a plan, in one transaction); prints where each was placed or why it waits."""
-    from rollmux.cli.client import emit, jobs_table
+    """Submit a job, or a plan in one transaction; prints where each was placed or why it waits.
 
-    answer = _client(url, token, state_dir).submit(spec)
+    A run file (`rollmux run`'s: it has `policy:` or `cluster:`) has its jobs submitted as
+    a plan: the control plane keeps its own policy and cluster, and `rollmux run FILE --url
+    URL` would also follow the jobs to their end. Each `entrypoint:` is checked first: its
+    module must be importable from here or the Python path."""
+    import yaml
+
+    from rollmux.cli.client import emit, jobs_table
+    from rollmux.inputs.entrypoints import check_entrypoints
+    from rollmux.inputs.errors import InputError
+    from rollmux.inputs.runfile import is_run_file, load_run_file
+
+    try:
+        data = yaml.safe_load(spec.read_text())
+    except FileNotFoundError:
+        raise InputError(spec, "file not found") from None
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError):
+        data = None  # the control plane says what is wrong with it
+    client = _client(url, token, state_dir)
+    if is_run_file(data):
+        run = load_run_file(spec)
+        if import_check:
+            check_entrypoints(spec, run.plan())
+        answer = client.request("POST", "/v1/plans", json=run.plan())
+        err.print(
+            f"{escape(str(spec))} is a run file: submitted its {len(run.jobs)} job(s) to {client.url}, which keeps "
+            f"its own policy and cluster (the file's are for `rollmux run`); `rollmux run {escape(str(spec))} --url "
+            f"{client.url}` follows them to their end",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        if import_check:
+            check_entrypoints(spec, data)
+        answer = client.submit(spec)
     jobs = answer if isinstance(answer, list) else [answer]
     emit(out, answer, as_json, jobs_table(jobs))
 

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from rollmux.core.control import ENDED_STATES
 from rollmux.inputs.runfile import RunFile
 from rollmux.live.launch import PlanRun, RunResult, Target, forget
 from rollmux.report.timeline import chrome_trace, gantt, reward_curves
@@ -22,10 +23,12 @@ def live_table(
     views: dict[str, dict[str, Any]], summary: dict[str, Any], totals: dict[str, int], note: str = ""
 ) -> Table:
     nodes = summary.get("nodes", {})
+    ended = any(job["state"] in ENDED_STATES and job.get("realised_slowdown") for job in views.values())
+    legend = "*: slowdown as run (first turn to last, over busy time)" if ended else ""
     table = Table(
         title=f"RollMux run — cost ${summary.get('cost_usd_per_hour', 0):,.2f}/h, "
         f"nodes rollout {nodes.get('rollout', 0)} train {nodes.get('train', 0)}, queued {summary.get('queued', 0)}",
-        caption=note or None,
+        caption="; ".join(text for text in (note, legend) if text) or None,
     )
     for column in ("job", "state", "iteration", "reward", "loss", "phase", "slowdown", "restarts"):
         table.add_column(column, justify="left" if column in ("job", "state", "phase") else "right")
@@ -43,10 +46,20 @@ def live_table(
             f"{metrics['reward']:.3f}" if "reward" in metrics else "-",
             f"{metrics['loss']:+.4f}" if "loss" in metrics else "-",
             job["phase"] or "-",
-            f"{job['slowdown']:.3f}" if job.get("slowdown") else "-",
+            slowdown(job),
             str(job["restarts"]),
         )
     return table
+
+
+def slowdown(job: dict[str, Any]) -> str:
+    """The planned slowdown while the job is in a group; once it ended, the one it ran at
+    (marked ``*``); ``-`` before either is known."""
+    if job.get("slowdown"):
+        return f"{job['slowdown']:.3f}"
+    if job["state"] in ENDED_STATES and job.get("realised_slowdown"):
+        return f"{job['realised_slowdown']:.3f}*"
+    return "-"
 
 
 class Board:
@@ -143,4 +156,4 @@ def write_artefacts(result: RunResult, out: Path) -> None:
         chrome_trace(result.records, out / "timeline.json")
         gantt(result.records, out / "gantt.png", "RollMux run: phases per node (hatched: training)")
     if any(result.histories.values()):
-        reward_curves(result.histories, out / "rewards.png", "GRPO reward per iteration")
+        reward_curves(result.histories, out / "rewards.png", "reward per iteration")

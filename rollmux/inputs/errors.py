@@ -24,13 +24,35 @@ class InputError(RollMuxError):
         super().__init__(f"{where}: {what}{reason}")
 
 
+class MissingField(ValueError):
+    """A field that a job of its kind needs: a model validator raises it, and the error
+    names that field (pydantic would name the whole job)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def problem(error: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
+    """Where one of pydantic's errors is and what it says, in a user's words: a
+    validator's own message without pydantic's "Value error, " before it, at the field a
+    :class:`MissingField` names."""
+    loc, msg = tuple(error["loc"]), error["msg"]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, ValueError):
+        msg = str(cause)
+    if isinstance(cause, MissingField):
+        loc = (*loc, cause.field)
+    return loc, msg
+
+
 def from_validation(path: Path | str, error: ValidationError, line: int | None = None, prefix: str = "") -> InputError:
     """The first problem pydantic found, as an InputError naming its field."""
-    first = error.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or None
+    loc, msg = problem(error.errors()[0])
+    field = ".".join(str(p) for p in loc) or None
     if prefix:
         field = f"{prefix}.{field}" if field else prefix
-    return InputError(path, first["msg"], line=line, field=field)
+    return InputError(path, msg, line=line, field=field)
 
 
 def read_json(path: Path | str) -> Any:

@@ -134,6 +134,15 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
+def line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the field at ``loc`` in a YAML (or JSON) file, or of its nearest
+    existing parent; None where the file cannot be read."""
+    try:
+        return _line_of(yaml.compose(path.read_text()), loc)
+    except (OSError, yaml.YAMLError, RecursionError):
+        return None
+
+
 def load_yaml_model(path: Path, model: type[M]) -> M:
     """Read a YAML file into ``model``; errors name the file, the YAML line and the field."""
     path = Path(path)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rollmux.core.placement import POLICIES
 from rollmux.core.spec import JobSpec
+from rollmux.inputs.errors import MissingField
 from rollmux.inputs.jobfile import MAX_SLO, PlanJob, load_yaml_model, refuse_duplicates
 
 ENTRYPOINT_PATTERN = (
@@ -24,6 +25,8 @@ ENTRYPOINT_PATTERN = (
 """``package.module:callable`` (the callable may be ``Class.method``), as in entry points."""
 GRPO_ENTRYPOINT = "rollmux.jobs.grpo:GRPOJob.from_context"
 MAX_PLAN_JOBS = 1000
+IMPLIED_GRPO = ", as it names no 'entrypoint'"
+"""Why a run file's job without ``kind`` is the shipped GRPO job."""
 
 
 class GRPOFields(BaseModel):
@@ -85,7 +88,11 @@ class JobSubmission(PlanJob):
         if self.args and self.kind != "program":
             raise ValueError("'args' are for a job program named by 'entrypoint'")
         if self.kind != "external" and self.iterations is None:
-            raise ValueError(f"a {self.kind} job needs 'iterations'")
+            implied = "" if "kind" in self.model_fields_set or self.kind != "grpo" else IMPLIED_GRPO
+            raise MissingField(
+                "iterations",
+                f"job {self.name!r} (kind {self.kind}{implied}): field 'iterations' is required for a {self.kind} job",
+            )
         if self.kind == "external" and (self.replicas or self.checkpoint_every != 1):
             raise ValueError("'replicas' and 'checkpoint_every' are for jobs RollMux runs (grpo, or an entrypoint)")
         return self
@@ -112,11 +119,31 @@ class JobSubmission(PlanJob):
         return self.grpo.model_dump() if self.grpo is not None else dict(self.args)
 
 
+RUN_FILE_KEYS = ("policy", "cluster")
+"""What only a run file has at its top level (a plan has ``jobs:`` alone)."""
+
+
+def is_run_file(data: Any) -> bool:
+    """Whether a file's content is a run file (``rollmux run``'s: the cluster and its jobs)
+    rather than a job spec or a plan (``rollmux submit``'s, the HTTP API's)."""
+    return isinstance(data, dict) and any(key in data for key in RUN_FILE_KEYS)
+
+
 class Plan(BaseModel):
     """Several jobs submitted in one transaction (all accepted, or none)."""
 
     model_config = ConfigDict(extra="forbid")
     jobs: list[JobSubmission] = Field(min_length=1, max_length=MAX_PLAN_JOBS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_run_file(cls, data: Any) -> Any:
+        if is_run_file(data):
+            raise ValueError(
+                "this is a run file (it has 'policy' or 'cluster'), not a plan: `rollmux submit FILE` submits its "
+                "jobs, `rollmux run FILE --url URL` runs them and follows them to their end"
+            )
+        return data
 
     @model_validator(mode="after")
     def _unique_names(self) -> Plan:
@@ -175,6 +202,11 @@ class RunFile(BaseModel):
     def _unique_names(self) -> RunFile:
         refuse_duplicates([j.name for j in self.jobs])
         return self
+
+    def plan(self) -> dict[str, Any]:
+        """The run's jobs as a plan for the control plane (``POST /v1/plans``): its policy
+        and cluster are the embedded control plane's settings, not a plan's."""
+        return {"jobs": [job.model_dump(mode="json") for job in self.jobs]}
 
 
 def load_run_file(path: Path) -> RunFile:

@@ -24,15 +24,20 @@ seeding in this module takes too (TRL's trainer seeds it when built). A job thus
 the same numbers alone or multiplexed with others on the same workers.
 
 A user's own TRL script becomes a job by subclassing :class:`TRLTask` (its model,
-tokenizer, prompts, rewards and TRL options) and :class:`TRLJob`; see ``docs/trl.md``.
+tokenizer, prompts, rewards and TRL options) and :class:`TRLJob`; see
+``docs/tutorials/trl.md``. :func:`offline_tokenizer` and :func:`tiny_qwen2` build a
+tokenizer and a model without downloading anything. Nothing shapes the loss that the
+job's configuration (:func:`settings`, printed by the job at start) does not list.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,6 +59,7 @@ from rollmux.jobs.vllm_engine import EngineSpec, Sampling
 from rollmux.jobs.vllm_rollout import VLLMRollout
 from rollmux.sdk.adapter import OnPolicyLoop, ParkedRole, StaleWeights, Weights
 from rollmux.sdk.program import JobContext
+from rollmux.sdk.session import Session
 from rollmux.sdk.state import RoleState, default_device, read_checkpoint
 from rollmux.sdk.weights import Publisher
 
@@ -77,9 +83,18 @@ def larger_digit_reward(prompts: list[str], completions: list[str], answer: list
     return [1.0 if c[:1] == a else 0.1 if c[:1].isdigit() else 0.0 for c, a in zip(completions, answer, strict=True)]
 
 
-def digit_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over digits, ``+``, ``=`` and ``,``, built in code."""
-    vocab = {token: index for index, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
+def offline_tokenizer(characters: str = CHARACTERS) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over ``characters``, built in code: nothing is downloaded.
+
+    Each character is one token, after the special tokens ``<pad>``, ``<bos>``, ``<eos>``
+    and ``<unk>`` (any other character); padding is on the left, as TRL's generation wants.
+    The shipped task's is over digits, ``+``, ``=`` and ``,``. A task of one's own returns
+    one from :meth:`TRLTask.tokenizer` where a real script would call
+    ``AutoTokenizer.from_pretrained``, for a test or a tutorial that must run offline.
+    """
+    if len(set(characters)) != len(characters):
+        raise ValueError(f"characters {characters!r} name a character twice")
+    vocab = {token: index for index, token in enumerate((*SPECIAL_TOKENS, *characters))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
@@ -93,6 +108,44 @@ def digit_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def tiny_qwen2(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_positions: int = 32,
+) -> Qwen2ForCausalLM:
+    """A small Qwen2 causal LM with random weights, built from its config for ``tokenizer``
+    (its vocabulary and special tokens): nothing is downloaded, and a CPU trains it in
+    milliseconds per step. Its weights come from torch's global generator, which the job
+    seeds from the task's ``seed`` before it calls :meth:`TRLTask.model`."""
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_positions,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    )
+
+
+def settings_file(checkpoint: str | Path) -> Path:
+    """Where a TRL job writes its settings at start: beside its checkpoint, for
+    ``rollmux run`` in ``OUT/state/checkpoints/NAME.settings.txt``."""
+    return Path(checkpoint).with_suffix(".settings.txt")
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
 @dataclass(frozen=True)
 class TRLTask:
     """What a TRL GRPO script defines, as the job's arguments (``args:`` of its spec) and
@@ -102,50 +155,64 @@ class TRLTask:
     built in code, prompts ``d1,d2=`` and :func:`larger_digit_reward`. A user's script
     subclasses it (fields and methods); every method must be a pure function of the fields
     and its arguments, so both roles, and every restart, build the same thing.
+
+    Every field is listed, with its value and whether it was set or is the default, by
+    :func:`settings`, which the job prints at start; the fields the job passes to
+    ``trl.GRPOConfig`` are passed explicitly, never through :meth:`trl_options`.
     """
 
-    seed: int = 0
-    prompts_per_iteration: int = 8
-    num_generations: int = 4
-    max_completion_length: int = 3
-    learning_rate: float = 3e-3
-    entropy_coef: float = 0.01
-    """TRL's entropy bonus; it also keeps the reported loss off zero (a GRPO loss on its own
-    on-policy batch is zero up to rounding, whatever the weights)."""
-    threads: int = 1
-    hidden_size: int = 32
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    engine: str = "transformers"
-    """What generates the rollouts: ``transformers`` (``generate`` in the rollout role's
-    process) or ``vllm`` (a vLLM engine beside it, :mod:`rollmux.jobs.vllm_rollout`)."""
-    kv_cache_mib: int = 16
-    """The KV cache a vLLM engine reserves (CPU)."""
+    seed: int = field(
+        default=0, metadata=_help("seeds the initial weights, the prompts and each rollout's sampling; GRPOConfig.seed")
+    )
+    prompts_per_iteration: int = field(
+        default=8,
+        metadata=_help(
+            "prompts per iteration; times num_generations it is GRPOConfig.per_device_train_batch_size "
+            "(one optimizer step per iteration)"
+        ),
+    )
+    num_generations: int = field(
+        default=4, metadata=_help("completions sampled per prompt (TRL's group); GRPOConfig.num_generations")
+    )
+    max_completion_length: int = field(
+        default=3, metadata=_help("tokens per completion at most; GRPOConfig.max_completion_length")
+    )
+    learning_rate: float = field(
+        default=3e-3,
+        metadata=_help("the optimizer's learning rate, constant (no schedule); GRPOConfig.learning_rate"),
+    )
+    entropy_coef: float = field(
+        default=0.01,
+        metadata=_help(
+            "TRL's entropy bonus: the loss is TRL's GRPO loss minus entropy_coef times the mean token entropy "
+            "(0 turns it off; it also keeps the reported loss off zero, which a GRPO loss on its own on-policy "
+            "batch is up to rounding); GRPOConfig.entropy_coef"
+        ),
+    )
+    threads: int = field(default=1, metadata=_help("torch threads of each role (torch.set_num_threads)"))
+    hidden_size: int = field(default=32, metadata=_help("the shipped model's width (tiny_qwen2)"))
+    layers: int = field(default=2, metadata=_help("the shipped model's layers (tiny_qwen2)"))
+    heads: int = field(default=4, metadata=_help("the shipped model's attention heads (tiny_qwen2)"))
+    kv_heads: int = field(default=2, metadata=_help("the shipped model's key/value heads (tiny_qwen2)"))
+    engine: str = field(
+        default="transformers",
+        metadata=_help(
+            "what generates the rollouts: transformers (generate in the rollout role's process) or vllm "
+            "(a vLLM engine beside it)"
+        ),
+    )
+    kv_cache_mib: int = field(default=16, metadata=_help("the KV cache a vLLM engine reserves (engine: vllm)"))
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown rollout engine {self.engine!r}; engines are {', '.join(ENGINES)}")
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        return digit_tokenizer()
+        return offline_tokenizer()
 
     def model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
         """The initial policy; called with torch's global generator seeded from ``seed``."""
-        return Qwen2ForCausalLM(
-            Qwen2Config(
-                vocab_size=len(tokenizer),
-                hidden_size=self.hidden_size,
-                intermediate_size=2 * self.hidden_size,
-                num_hidden_layers=self.layers,
-                num_attention_heads=self.heads,
-                num_key_value_heads=self.kv_heads,
-                max_position_embeddings=32,
-                pad_token_id=tokenizer.pad_token_id,
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        )
+        return tiny_qwen2(tokenizer, self.hidden_size, self.layers, self.heads, self.kv_heads)
 
     def prompts(self, iteration: int) -> list[dict[str, Any]]:
         """One iteration's dataset rows (``prompt`` and the reward's columns), a pure
@@ -158,8 +225,147 @@ class TRLTask:
         return [larger_digit_reward]
 
     def trl_options(self) -> dict[str, Any]:
-        """Further ``trl.GRPOConfig`` fields (loss_type, beta, temperature, ...)."""
-        return {"entropy_coef": self.entropy_coef}
+        """Further ``trl.GRPOConfig`` fields (loss_type, beta, temperature, ...): none by
+        default. It may not set what the job sets itself (:data:`FROM_TASK`,
+        :data:`FIXED_OPTIONS`)."""
+        return {}
+
+
+FROM_TASK = ("seed", "num_generations", "max_completion_length", "learning_rate", "entropy_coef")
+"""Task fields the job passes to ``trl.GRPOConfig`` under the same name."""
+FIXED_OPTIONS: dict[str, str] = {
+    "per_device_train_batch_size": "prompts_per_iteration × num_generations: one optimizer step per iteration",
+    "use_cpu": "TRL and accelerate on the worker's CPU",
+    "output_dir": "a temporary folder TRL creates and never writes to",
+    "report_to": "RollMux reports the metrics",
+    "save_strategy": "RollMux checkpoints",
+    "logging_strategy": "RollMux reports the metrics",
+    "disable_tqdm": "no progress bars in the workers' logs",
+}
+"""``trl.GRPOConfig`` options RollMux sets for every TRL job, and why."""
+TRL_DEFAULTS: dict[str, str] = {
+    "loss_type": "the GRPO loss's normalisation",
+    "beta": "KL penalty to a reference model (0: none, no reference model)",
+    "epsilon": "the ratio's clipping range",
+    "scale_rewards": "advantages scaled by the reward's std in each group",
+    "temperature": "sampling temperature",
+    "top_p": "nucleus sampling (1: off)",
+    "top_k": "top-k sampling (0: off)",
+    "num_iterations": "GRPO updates per batch",
+    "optim": "the optimizer (TRL's create_optimizer)",
+    "weight_decay": "the optimizer's weight decay",
+    "adam_beta1": "the optimizer's first-moment decay",
+    "adam_beta2": "the optimizer's second-moment decay",
+}
+"""TRL's own defaults that shape the loss, the sampling or the optimizer, listed so that
+none acts unseen (:meth:`TRLTask.trl_options` may change them)."""
+NOT_APPLIED: dict[str, str] = {
+    "max_grad_norm": "RollMux steps the optimizer itself, without clipping",
+    "lr_scheduler_type": "the learning rate is constant (no scheduler, no warm-up)",
+}
+"""``trl.GRPOConfig`` options that TRL's own ``train()`` loop would apply and this job does not."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One line of a TRL job's effective configuration."""
+
+    name: str
+    value: Any
+    source: str
+    """``default`` or ``set`` (a task field), ``trl_options()``, ``RollMux`` (fixed by the
+    job for every TRL job), ``TRL default`` or ``not applied``."""
+    meaning: str
+
+
+class Shown(str):
+    """A value a worker settles (its device, its temporary folder), shown as words."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def grpo_options(task: TRLTask) -> dict[str, Any]:
+    """Every option the job passes to ``trl.GRPOConfig``: the task's fields of
+    :data:`FROM_TASK`, RollMux's fixed ones, then the task's :meth:`~TRLTask.trl_options`,
+    which may not set either."""
+    options: dict[str, Any] = {name: getattr(task, name) for name in FROM_TASK}
+    options |= {
+        "per_device_train_batch_size": task.prompts_per_iteration * task.num_generations,
+        "use_cpu": default_device().type == "cpu",
+        "output_dir": str(Path(tempfile.gettempdir()) / "rollmux-trl"),
+        "report_to": "none",
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "disable_tqdm": True,
+    }
+    extra = task.trl_options()
+    for name in extra:
+        if name in FROM_TASK:
+            raise ValueError(f"trl_options() sets {name!r}, a field of the task: set it in the job's args instead")
+        if name in options:
+            why = FIXED_OPTIONS[name]
+            raise ValueError(f"trl_options() sets {name!r}, which RollMux sets for every TRL job ({why})")
+    return options | extra
+
+
+def settings(task: TRLTask) -> list[Setting]:
+    """The job's whole effective configuration: every field of the task (``default`` or
+    ``set``), every other option it passes to ``trl.GRPOConfig`` (fixed by RollMux, or
+    from :meth:`~TRLTask.trl_options`), TRL's defaults of :data:`TRL_DEFAULTS` it keeps,
+    and the options of :data:`NOT_APPLIED`. The job prints it at start."""
+    rows = []
+    for spec in dataclasses.fields(task):
+        value = getattr(task, spec.name)
+        source = "default" if spec.default is not dataclasses.MISSING and value == spec.default else "set"
+        shipped = TRLTask.__dataclass_fields__.get(spec.name)  # a subclass's field keeps the shipped help
+        meaning = spec.metadata.get("help") or (shipped.metadata.get("help", "") if shipped else "")
+        rows.append(Setting(spec.name, value, source, meaning))
+    extra = task.trl_options()
+    passed = grpo_options(task)
+    defaults = {spec.name: spec.default for spec in dataclasses.fields(trl.GRPOConfig)}
+    shown = passed | {"use_cpu": Shown("True without a GPU"), "output_dir": Shown("(a temporary folder)")}
+    rows += [Setting(name, shown[name], "RollMux", why) for name, why in FIXED_OPTIONS.items()]
+    rows += [Setting(name, value, "trl_options()", TRL_DEFAULTS.get(name, "")) for name, value in extra.items()]
+    rows += [
+        Setting(name, _plain(defaults[name]), "TRL default", why)
+        for name, why in TRL_DEFAULTS.items()
+        if name not in extra
+    ]
+    rows += [Setting(name, _plain(defaults[name]), "not applied", why) for name, why in NOT_APPLIED.items()]
+    return rows
+
+
+def settings_text(task: TRLTask) -> str:
+    """:func:`settings` as the job prints it: one line per setting."""
+    rows = settings(task)
+    width = max(len(row.name) for row in rows)
+    values = [repr(row.value) for row in rows]
+    value_width = max(len(v) for v in values)
+    lines = [f"TRL GRPO job {type(task).__name__}: every setting, its value and where it comes from"]
+    lines += [
+        f"  {row.name:<{width}}  {value:<{value_width}}  {row.source:<13}  {row.meaning}".rstrip()
+        for row, value in zip(rows, values, strict=True)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def settings_table(task: TRLTask) -> str:
+    """:func:`settings` as a Markdown table (the tutorial's table of defaults)."""
+    lines = ["| setting | value | source | what it does |", "| --- | --- | --- | --- |"]
+    for row in settings(task):
+        lines.append(f"| `{row.name}` | `{row.value!r}` | {row.source} | {row.meaning.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def reward_metric(func: RewardFunc) -> str:
+    """The metric a reward function's batch mean is reported as (at most 64 characters,
+    as the control plane takes them)."""
+    return f"reward/{getattr(func, '__name__', type(func).__name__)}"[:64]
 
 
 class RecordedRewards:
@@ -177,6 +383,14 @@ class RecordedRewards:
     def totals(self) -> list[float]:
         """Each completion's reward: the sum over the reward functions."""
         return [sum(column) for column in zip(*self.values, strict=True)]
+
+    def means(self) -> dict[str, float]:
+        """The last batch's mean of each reward function, as the job reports it:
+        ``reward/<function name>`` (what the reward plot is labelled with)."""
+        return {
+            reward_metric(func): float(np.mean(values)) if values else 0.0
+            for func, values in zip(self.funcs, self.values, strict=True)
+        }
 
     def _recorder(self, index: int) -> RewardFunc:
         def record(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
@@ -201,20 +415,7 @@ def trl_trainer(
     and update in one process, where RollMux runs each in its own phase on its own worker.
     With ``rollout_func`` (TRL's hook for a generation backend of one's own) TRL generates
     through it and still scores and computes the advantages itself."""
-    args = trl.GRPOConfig(
-        output_dir=str(Path(tempfile.gettempdir()) / "rollmux-trl"),  # created by TRL, never written to
-        use_cpu=default_device().type == "cpu",
-        seed=task.seed,
-        per_device_train_batch_size=task.prompts_per_iteration * task.num_generations,
-        num_generations=task.num_generations,
-        max_completion_length=task.max_completion_length,
-        learning_rate=task.learning_rate,
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        **task.trl_options(),
-    )
+    args = trl.GRPOConfig(**grpo_options(task))  # every option, as settings() lists them
     with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # TRL seeds the global generator
         return trl.GRPOTrainer(
             model=model,
@@ -273,6 +474,7 @@ def scored_rollout(
         "version": version,
         "inputs": {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()},
         "rewards": torch.tensor(rewards.totals()),
+        "reward_means": rewards.means(),
     }
 
 
@@ -395,6 +597,7 @@ class TRLTrainer(ParkedRole):
             "iteration": batch["iteration"],
             "loss": loss.item(),
             "reward": batch["rewards"].mean().item(),
+            **batch.get("reward_means", {}),
             "version": self.version,
         }
         self.history.append(metrics)
@@ -426,6 +629,15 @@ class TRLJob(OnPolicyLoop):
     @classmethod
     def from_context(cls, context: JobContext) -> TRLJob:
         return cls(cls.task_type(**context.args), context.iterations, context.checkpoint, context.checkpoint_every)
+
+    def run(self, session: Session) -> list[dict[str, float]]:
+        """The on-policy loop, after printing every setting (:func:`settings_text`) to the
+        driver's log and writing it beside the checkpoint (``NAME.settings.txt``)."""
+        text = settings_text(self.task)
+        print(text, flush=True)
+        if self.checkpoint:
+            settings_file(self.checkpoint).write_text(text)
+        return super().run(session)
 
     def role_factory(self, phase_name: str) -> partial[ParkedRole | VLLMRollout]:
         if phase_name != "rollout":

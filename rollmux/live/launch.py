@@ -172,7 +172,7 @@ class PlanRun:
 
     def _follow(self, on_tick: Ticks | None, tick_s: float) -> RunResult:
         client = self._plane.client
-        client.request("POST", "/v1/plans", json={"jobs": [job.model_dump(mode="json") for job in self.spec.jobs]})
+        client.request("POST", "/v1/plans", json=self.spec.plan())
         names = [job.name for job in self.spec.jobs]
         views = _views(client, names)
         while True:
@@ -308,7 +308,21 @@ def _collect(client: Client, names: list[str], views: dict[str, dict[str, Any]],
             result.errors[name] = views[name]["reason"]
         result.phase_log += client.request("GET", f"/v1/jobs/{name}/phases")
     result.records = phase_records(result.phase_log)
+    realised = realised_slowdowns(result.records)
+    for name in names:
+        views[name]["realised_slowdown"] = realised.get(name)
     return result
+
+
+def realised_slowdowns(records: list[PhaseRecord]) -> dict[str, float]:
+    """Each job's slowdown as it ran: the time from its first grant to its last release
+    over the time its phases were busy (what its iterations would take alone, without
+    waiting for a turn or switching), the measure its SLO bounds."""
+    spans: dict[str, tuple[float, float, float]] = {}
+    for r in records:
+        first, last, busy = spans.get(r.job, (r.granted, r.released, 0.0))
+        spans[r.job] = (min(first, r.granted), max(last, r.released), busy + max(0.0, r.ended - r.started))
+    return {job: (last - first) / busy for job, (first, last, busy) in spans.items() if busy > 0}
 
 
 def phase_records(log: list[dict[str, Any]]) -> list[PhaseRecord]:

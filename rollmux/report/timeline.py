@@ -91,19 +91,45 @@ def gantt(records: Sequence[PhaseRecord], path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
+REWARD = "reward"
+"""The metric a job reports its mean reward as; ``reward/NAME`` metrics name its parts
+(a TRL job reports one per reward function)."""
+
+
+def reward_label(histories: Mapping[str, Sequence[Mapping[str, float]]]) -> str:
+    """The reward axis's label, from the jobs' own metric names: the reward functions
+    their ``reward/NAME`` metrics name (summed into ``reward``), or ``reward`` alone."""
+    keys = {key for h in histories.values() for m in h for key in m}
+    parts = sorted(key.partition("/")[2] for key in keys if key.startswith(f"{REWARD}/"))
+    return f"mean reward ({' + '.join(parts)})" if parts else f"mean {REWARD}"
+
+
+def reward_limits(histories: Mapping[str, Sequence[Mapping[str, float]]]) -> tuple[float, float]:
+    """The reward axis's range: every reported reward, with a margin (none is cut off)."""
+    values = [m[REWARD] for h in histories.values() for m in h if REWARD in m]
+    low, high = min(values, default=0.0), max(values, default=1.0)
+    margin = 0.05 * (high - low) or 0.05 * max(1.0, abs(high))
+    return low - margin, high + margin
+
+
 def reward_curves(histories: Mapping[str, Sequence[Mapping[str, float]]], path: Path, title: str) -> Path:
-    """Mean reward of every job, against iterations and against wall-clock seconds."""
+    """Mean reward of every job that reports one, against iterations and against
+    wall-clock seconds; labelled and scaled from what the jobs reported."""
+    rewarded = {job: [m for m in h if REWARD in m] for job, h in histories.items()}
+    rewarded = {job: h for job, h in rewarded.items() if h}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True, sharey=True)
-    for job, history in sorted(histories.items()):
-        rewards = [m["reward"] for m in history]
+    for job, history in sorted(rewarded.items()):
+        rewards = [m[REWARD] for m in history]
         axes[0].plot([m["iteration"] for m in history], rewards, label=job, linewidth=1.4)
         axes[1].plot([m["elapsed_s"] for m in history], rewards, label=job, linewidth=1.4)
     axes[0].set_xlabel("iteration")
     axes[1].set_xlabel("wall-clock seconds since the job started")
-    axes[0].set_ylabel("mean reward (the job's reward functions)")
+    axes[0].set_ylabel(reward_label(rewarded))
+    axes[0].set_ylim(*reward_limits(rewarded))
     for ax in axes:
-        ax.grid(alpha=0.3)  # the axis follows the rewards: a job's reward is not always in [0, 1]
-    axes[1].legend()
+        ax.grid(alpha=0.3)
+    if rewarded:
+        axes[1].legend()
     fig.suptitle(title)
     return _save(fig, path)
 

@@ -34,6 +34,7 @@ from rollmux.core.errors import (
     StaleEpoch,
     UnknownJob,
 )
+from rollmux.inputs.errors import problem
 from rollmux.inputs.jobfile import NAME_PATTERN
 from rollmux.inputs.runfile import JobSubmission, Plan
 from rollmux.service.control import ControlPlane
@@ -334,7 +335,8 @@ class _Metrics:
 
 
 def _errors(error: ValidationError | RequestValidationError, prefix: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    return [{"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in error.errors()]
+    found = [(problem(e), e["type"]) for e in error.errors()]
+    return [{"loc": [*prefix, *loc], "msg": msg, "type": kind} for (loc, msg), kind in found]
 
 
 async def _parsed_body(request: Request) -> Any:
