@@ -47,13 +47,16 @@ def regroup_config(setting: str) -> RegroupConfig:
     """``moves_per_day=N risk=R`` as a RegroupConfig (N "none": no budget)."""
     fields = dict(part.split("=") for part in setting.split())
     budget = None if fields["moves_per_day"] == "none" else float(fields["moves_per_day"])
-    return RegroupConfig(moves_per_day=budget, move_risk_usd=float(fields["risk"]))
+    growth = float(fields.get("growth", 0.0))
+    return RegroupConfig(moves_per_day=budget, move_risk_usd=float(fields["risk"]), move_risk_growth=growth)
 
 
-def settings(budgets: list[str], risks: list[float]) -> list[str]:
-    """Every budget at the first risk price, then every other risk price without a budget."""
-    out = [f"moves_per_day={b} risk={risks[0]:g}" for b in budgets]
-    out += [f"moves_per_day=none risk={r:g}" for r in risks[1:]]
+def settings(budgets: list[str], risks: list[float], growths: list[float]) -> list[str]:
+    """Every budget at the first risk price, then every other risk price without a budget,
+    then every other growth of the risk price at the first risk price."""
+    out = [f"moves_per_day={b} risk={risks[0]:g} growth={growths[0]:g}" for b in budgets]
+    out += [f"moves_per_day=none risk={r:g} growth={growths[0]:g}" for r in risks[1:]]
+    out += [f"moves_per_day=none risk={risks[0]:g} growth={g:g}" for g in growths[1:]]
     return list(dict.fromkeys(out))
 
 
@@ -63,10 +66,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--moves-per-day", nargs="+", default=["none", "4", "1"], help="budgets to run ('none': none)")
     parser.add_argument("--move-risk", nargs="+", type=float, default=[0.0], help="risk prices per move, dollars")
+    parser.add_argument(
+        "--move-risk-growth", nargs="+", type=float, default=[0.0], help="share of the risk price each earlier move adds"
+    )
     parser.add_argument("--mixes", nargs="+", choices=sorted(BENCH_SHAPES), default=list(BENCH_SHAPES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    chosen = settings(args.moves_per_day, args.move_risk)
+    chosen = settings(args.moves_per_day, args.move_risk, args.move_risk_growth)
     runs = [(mix, s) for mix in args.mixes for s in [SOLO, *chosen]]
     found: dict[tuple[str, str], dict[str, float]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:

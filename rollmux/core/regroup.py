@@ -109,6 +109,10 @@ class RegroupConfig:
     must repay it within the horizon, so it keeps moves that each save at least
     ``move_risk_usd * 3600 / horizon_s`` dollars an hour, and of two plans otherwise equal
     it takes the one that moves fewer jobs."""
+    move_risk_growth: float = 0.0
+    """Each earlier move of a job adds this share of ``move_risk_usd`` to the risk of its
+    next one: a job moved often is exposed more (every move can fail), so moves spread
+    over jobs and one job is not moved back and forth for small savings."""
     burst_jobs: int = 3
     burst_window_s: float = 1800.0
     burst_scale: int = 2
@@ -142,7 +146,7 @@ class RegroupConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.checks_per_event < self.checks_per_config or self.steps_per_event < self.steps_per_config:
             raise ValueError("an event's checks and steps must cover at least one search")
-        if min(self.s_per_gb, self.pause_s, self.moves_per_day or 0.0, self.move_risk_usd) < 0 or self.horizon_s <= 0:
+        if min(self.s_per_gb, self.pause_s, self.moves_per_day or 0.0, self.move_risk_usd, self.move_risk_growth) < 0 or self.horizon_s <= 0:
             raise ValueError("migration times must be >= 0 and the horizon > 0")
 
     def for_burst(self) -> RegroupConfig:
@@ -423,7 +427,13 @@ class _Pricer:
         self.started = {name: progress is None or progress[name].elapsed_s > 0 for name in jobs}
         self.pause = {name: config.migration_s(job) if self.started[name] else 0.0 for name, job in jobs.items()}
         self.window = {name: _repay_window(config, progress and progress.get(name)) for name in jobs}
+        self.risk = {name: self._risk(progress and progress.get(name)) if self.started[name] else 0.0 for name in jobs}
         self.demands = _Demands.of([self._demand(jobs[name]) for name in sorted(jobs)])
+
+    def _risk(self, progress: JobProgress | None) -> float:
+        """The risk price of moving a started job, grown by its earlier moves."""
+        moves = progress.moves if progress else 0
+        return self.config.move_risk_usd * (1.0 + self.config.move_risk_growth * moves)
 
     def _demand(self, job: JobSpec) -> tuple[float, float, float, int, float, int]:
         """(SLO budget, shortest chain, training work, training width, rollout work,
@@ -477,7 +487,7 @@ class _Pricer:
         to move), in dollar-seconds per hour, each scaled up to be repaid within the
         mover's :func:`_repay_window` rather than the horizon."""
         return sum(
-            (_fluid(self.cluster, self.jobs[n]) * self.pause[n] + HOUR * self.config.move_risk_usd * self.started[n])
+            (_fluid(self.cluster, self.jobs[n]) * self.pause[n] + HOUR * self.risk[n])
             * self.config.horizon_s
             / self.window[n]
             for n in sorted(names)
