@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--moves-per-day", nargs="+", default=["none", "4", "1"], help="budgets to run ('none': none)")
     parser.add_argument("--move-risk", nargs="+", type=float, default=[0.0], help="risk prices per move, dollars")
     parser.add_argument(
-        "--move-risk-growth", nargs="+", type=float, default=[0.0], help="share of the risk price each earlier move adds"
+        "--move-risk-growth", nargs="+", type=float, default=[0.0], help="risk share each earlier move adds"
     )
     parser.add_argument("--mixes", nargs="+", choices=sorted(BENCH_SHAPES), default=list(BENCH_SHAPES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)

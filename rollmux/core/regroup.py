@@ -146,7 +146,8 @@ class RegroupConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.checks_per_event < self.checks_per_config or self.steps_per_event < self.steps_per_config:
             raise ValueError("an event's checks and steps must cover at least one search")
-        if min(self.s_per_gb, self.pause_s, self.moves_per_day or 0.0, self.move_risk_usd, self.move_risk_growth) < 0 or self.horizon_s <= 0:
+        prices = (self.s_per_gb, self.pause_s, self.moves_per_day or 0.0, self.move_risk_usd, self.move_risk_growth)
+        if min(prices) < 0 or self.horizon_s <= 0:
             raise ValueError("migration times must be >= 0 and the horizon > 0")
 
     def for_burst(self) -> RegroupConfig:
