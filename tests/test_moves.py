@@ -226,6 +226,24 @@ def test_a_job_beyond_its_budget_of_moves_stays_where_it_is():
 
 
 @pytest.mark.parametrize(
+    ("earlier_moves", "moved"),
+    [pytest.param(0, ["a"], id="first-move"), pytest.param(2, [], id="third-move")],
+)
+def test_each_earlier_move_of_a_job_makes_its_next_move_dearer(earlier_moves, moved):
+    """a's move saves $56.32/h, $112.64 over the 2-hour horizon: it repays a $40 risk, but
+    with growth 1 a job moved twice before risks $40 x 3 = $120 on its third move."""
+    state, _ = half_empty()
+    state.jobs["a"].moves = earlier_moves
+    config = replace(FREE_MOVES, move_risk_usd=40.0, move_risk_growth=1.0)
+    assert state.regroup(config, RegroupState(), 3.0) == moved
+
+
+def test_a_negative_risk_growth_is_refused_by_name():
+    with pytest.raises(ValueError, match="move_risk_growth"):
+        RegroupConfig(move_risk_growth=-0.5)
+
+
+@pytest.mark.parametrize(
     ("iterations", "moved"),
     [
         pytest.param(None, ["a"], id="no-end-said"),

@@ -25,7 +25,7 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.configs import COLOCATED_ESTIMATE_RULE
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
-from rollmux.core.spec import DEFAULT_PLANNING, MOVE_RISK_USD, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, MOVE_RISK_GROWTH, MOVE_RISK_USD, Planning, Pool
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.sim import failures as fail
@@ -54,6 +54,14 @@ MoveRisk = Annotated[
         min=0,
         max=100_000,
         help="Dollars each move must repay within regrouping's horizon beyond its pause (fewer, larger moves)",
+    ),
+]
+MoveRiskGrowth = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        max=100,
+        help="Share of the move risk each earlier move of a job adds to its next (spreads moves over jobs)",
     ),
 ]
 """Regrouping's options that ``simulate`` and ``serve`` share."""
@@ -124,6 +132,7 @@ def simulate(
     ] = True,
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
+    move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
@@ -227,7 +236,11 @@ def simulate(
             planning=planning,
             on_event=lambda n: progress.advance(tasks[n]),
             realise=realise,
-            regroup=RegroupConfig(moves_per_day=moves_per_day, move_risk_usd=move_risk_usd) if regroup else None,
+            regroup=RegroupConfig(
+                moves_per_day=moves_per_day, move_risk_usd=move_risk_usd, move_risk_growth=move_risk_growth
+            )
+            if regroup
+            else None,
             source=str(trace),
             failures=failure_model,
             engine=engine.value,
@@ -752,6 +765,7 @@ def serve(
     ] = 0.25,
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
+    move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
     slo_guard: Annotated[
         bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
     ] = True,
@@ -798,6 +812,7 @@ def serve(
             pause_s=migration_pause_s,
             moves_per_day=moves_per_day,
             move_risk_usd=move_risk_usd,
+            move_risk_growth=move_risk_growth,
         )
         if regroup
         else None,

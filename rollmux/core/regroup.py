@@ -62,7 +62,7 @@ from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phas
 from rollmux.core.optimum import GroupPlan
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.roundrobin import steady_state
-from rollmux.core.spec import MOVE_RISK_USD, JobSpec, Pool
+from rollmux.core.spec import MOVE_RISK_GROWTH, MOVE_RISK_USD, JobSpec, Pool
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -109,7 +109,7 @@ class RegroupConfig:
     must repay it within the horizon, so it keeps moves that each save at least
     ``move_risk_usd * 3600 / horizon_s`` dollars an hour, and of two plans otherwise equal
     it takes the one that moves fewer jobs."""
-    move_risk_growth: float = 0.0
+    move_risk_growth: float = MOVE_RISK_GROWTH
     """Each earlier move of a job adds this share of ``move_risk_usd`` to the risk of its
     next one: a job moved often is exposed more (every move can fail), so moves spread
     over jobs and one job is not moved back and forth for small savings."""
@@ -146,9 +146,11 @@ class RegroupConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.checks_per_event < self.checks_per_config or self.steps_per_event < self.steps_per_config:
             raise ValueError("an event's checks and steps must cover at least one search")
-        prices = (self.s_per_gb, self.pause_s, self.moves_per_day or 0.0, self.move_risk_usd, self.move_risk_growth)
-        if min(prices) < 0 or self.horizon_s <= 0:
-            raise ValueError("migration times must be >= 0 and the horizon > 0")
+        for name in ("s_per_gb", "pause_s", "moves_per_day", "move_risk_usd", "move_risk_growth"):
+            if (getattr(self, name) or 0.0) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.horizon_s <= 0:
+            raise ValueError("horizon_s must be > 0")
 
     def for_burst(self) -> RegroupConfig:
         """This configuration with ``burst_scale`` times the work budget of a round (still

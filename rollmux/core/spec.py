@@ -180,6 +180,9 @@ mover's remaining life when that is shorter. Chosen by measurement (docs/results
 largest price tried that keeps the production trace's Solo / RollMux at 1.95 or above
 (1.951 on SLO seed 0), with 1.0-2.1 moves a job on the five 300-job mixes."""
 
+MOVE_RISK_GROWTH = 0.0
+"""Share of ``MOVE_RISK_USD`` each earlier move of a job adds to the risk of its next."""
+
 
 @dataclass(frozen=True)
 class NodeType:
