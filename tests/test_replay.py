@@ -1,12 +1,12 @@
 """A window of the production trace replayed on the live system, regrouping on, agrees
 with the simulator's run of the same window: cost, slowdowns, SLOs, the jobs moved (each
-move's pause recorded), and no node runs two jobs."""
+move's pause recorded), and no node runs two jobs; and the virtual-clock host, fed the
+live run's measured times, makes the very same placements, re-seats and moves."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
 import ray
 from typer.testing import CliRunner
 
@@ -18,8 +18,7 @@ runner = CliRunner()
 TRACE = ["data/traces/production-200jobs.trace", "--profile", "data/traces/production-profile.json"]
 
 
-@pytest.mark.slow  # a long live scenario: bench/scenarios.py runs it
-def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says(tmp_path):
+def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says_and_decides_as_the_virtual_clock(tmp_path):
     out = tmp_path / "replay.json"
     arguments = ["replay", *TRACE, "--time-scale", "150", "--window", "0", "3"]
     try:
@@ -36,6 +35,10 @@ def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says(tmp_p
     assert all(m["outcome"] == "moved" and m["pause_s"] > 0 for m in realised["moves"])
     assert realised["driver_processes"] < report["jobs"]  # emulated jobs' drivers share warm processes
     assert (tmp_path / "timeline.json").exists() and (tmp_path / "cost-rate.png").exists()
+    decided = report["decisions"]
+    assert decided["same"], decided["first_divergence"]
+    assert decided["live_by_kind"]["moving"] == realised["migrations"] >= 1 and decided["live_by_kind"]["placed"] >= 8
+    assert "decisions: live" in result.output and "the same sequence" in result.output
 
 
 def test_a_kill_is_charged_to_each_job_it_interrupted_from_the_logs():

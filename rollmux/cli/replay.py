@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rollmux.core.errors import RollMuxError
+from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import CostModel, Planning, Pool
 from rollmux.dataplane.connect import start_ray
@@ -28,8 +29,11 @@ from rollmux.live.launch import phase_records
 from rollmux.report.html import replay_cost_plot
 from rollmux.report.timeline import chrome_trace
 from rollmux.sdk.jobcode import JOB_CODE
+from rollmux.service.control import ControlOptions
 from rollmux.service.server import ServeOptions, Service
 from rollmux.sim.compare import compare
+from rollmux.sim.control_host import HostCosts, simulate_control
+from rollmux.sim.decisions import decisions, divergence
 from rollmux.wire.client import Client
 
 HEADROOM = 1.2
@@ -127,6 +131,7 @@ def execute(
     finally:
         service.stop()
     realised = replay.realised(trace, log, options)
+    control_regroup = scaled_regroup(options.time_scale) if regroup else None
     report = {
         "time_scale": options.time_scale,
         "mib_per_gb": options.mib_per_gb,
@@ -140,25 +145,53 @@ def execute(
         },
         "overlaps": replay.overlaps(log.phase_log),
         "capacity": {"rollout": rollout, "train": train},
+        "decisions": compare_decisions(trace, log, options, control_regroup, slo_guard),
     }
     records = phase_records(log.phase_log)
     if records:
         chrome_trace(records, out / "timeline.json")
     replay_cost_plot(report, out / "cost-rate.png")
     console.print(agreement_table(report))
+    console.print(decisions_line(report["decisions"]))
     return report
 
 
 def scaled_regroup(time_scale: float) -> RegroupConfig:
     """The simulator's regrouping with its times divided by the time scale: the live
-    control plane, whose phases are ``time_scale`` times shorter, decides the same moves."""
+    control plane, whose phases are ``time_scale`` times shorter, decides the same moves.
+    A move's risk price is scaled too: the savings it must repay accrue over a horizon
+    ``time_scale`` times shorter (unscaled, no live move would repay it)."""
     default = RegroupConfig()
     return replace(
         default,
         s_per_gb=default.s_per_gb / time_scale,
         pause_s=default.pause_s / time_scale,
         horizon_s=default.horizon_s / time_scale,
+        move_risk_usd=default.move_risk_usd / time_scale,
     )
+
+
+def compare_decisions(
+    trace: Trace, log: replay.ReplayLog, options: replay.ReplayOptions, regroup: RegroupConfig | None, slo_guard: bool
+) -> dict[str, Any]:
+    """The live plane's placements and moves next to the virtual-clock host's, replaying
+    the same submissions with the phase, start-up and transfer times the live run measured
+    (:func:`replay.as_recorded`), in the live plane's own units and settings."""
+    live_options = ControlOptions()
+    recorded_trace, recorded = replay.as_recorded(trace, log, options)
+    run = simulate_control(
+        recorded_trace,
+        make_policy(live_options.policy),
+        live_options.cost,
+        live_options.planning,
+        regroup,
+        HostCosts(job_start_s=0.0, node_ready_s=0.0, settle_s=live_options.regroup_settle_s),
+        slo_guard=slo_guard,
+        recorded=recorded,
+    )
+    order = {job.spec.name: index for index, job in enumerate(recorded_trace.jobs)}
+    live, control = replay.live_decisions(log, order), decisions(run.decision_events, order)
+    return divergence(live, control)
 
 
 def agreement_table(report: dict[str, Any]) -> Table:
@@ -180,6 +213,16 @@ def agreement_table(report: dict[str, Any]) -> Table:
             table.add_row(label, "-" if mean is None else f"{mean:.3f}, {worst:.3f}", "", "")
         table.add_row("steps lost", str(realised["recovery_steps_lost"]), "", "")
     return table
+
+
+def decisions_line(agreed: dict[str, Any]) -> str:
+    """The live plane's placements and moves against the virtual clock's, in one line."""
+    counts = ", ".join(f"{n} {kind}" for kind, n in agreed["live_by_kind"].items())
+    head = f"decisions: live {agreed['live']} ({counts}), virtual clock {agreed['control']}"
+    first = agreed["first_divergence"]
+    if first is None:
+        return f"{head}: the same sequence"
+    return f"{head}: they part at #{first['index']}: live {first['live']}, virtual clock {first['control']}"
 
 
 def write(report: dict[str, Any], path: Path) -> None:

@@ -74,6 +74,10 @@ LEASES_OF_GRACE = 6
 short enough that nodes held for nobody are not paid for long."""
 RESTART_BACKOFF_S = 1.0
 MAX_RESTART_BACKOFF_S = 60.0
+ROUND_EVENTS = frozenset({"placed", RUNNING, DONE, FAILED, CANCELLED, "unseated", "moved"})
+"""Job events after which a regrouping round is due: what regrouping may move changed (a
+job came, started, left, or its move landed and its group may be re-examined). Every host
+asks :meth:`Delta.asks_for_round`, so the live plane and the virtual clock round alike."""
 
 
 def default_lost_grace(lease_s: float) -> float:
@@ -284,6 +288,12 @@ class Job:
         moving it is a re-seat."""
         return self.state == PLACED and self.epoch == 0 and not self.claimed
 
+    def seen_by_round(self, examined_at: float) -> bool:
+        """A regrouping round whose snapshot was taken at ``examined_at`` saw it placed: it
+        may start where it is unless that round re-seats it. One placed at that very moment
+        waits for the next round, on every host alike."""
+        return self.placed_at is not None and self.placed_at < examined_at
+
 
 @dataclass(frozen=True)
 class JobRecord:
@@ -328,6 +338,10 @@ class Delta:
 
     def __bool__(self) -> bool:
         return bool(self.jobs or self.groups or self.phases or self.events or self.metrics or self.nodes or self.moves)
+
+    def asks_for_round(self) -> bool:
+        """Whether these changes call for a regrouping round (see ``ROUND_EVENTS``)."""
+        return any(event.kind in ROUND_EVENTS for event in self.events)
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,14 @@ from typing import Any
 
 import psutil
 
-from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
+from rollmux.core.spec import CostModel, PhaseTime, Pool
+from rollmux.inputs.runfile import JobSubmission
 from rollmux.inputs.trace import Trace, TraceJob
+from rollmux.sim.control_host import Recorded
+from rollmux.sim.decisions import Decision, decisions
 from rollmux.wire.client import Client, ServiceError
 
 EMULATED = "rollmux.jobs.emulated:EmulatedJob.from_context"
-FOREVER = 10_000_000
-"""Iterations of an emulated job: it runs until its departure cancels it."""
 SLO_TOLERANCE = 0.02
 """A realised period within 2 % of the SLO counts as within it (timer and switching jitter)."""
 HOUR = 3600.0
@@ -78,9 +79,11 @@ def scaled(phase: PhaseTime, scale: float) -> PhaseTime:
     return PhaseTime(phase.mean / scale, None if phase.high is None else phase.high / scale, phase.high_quantile)
 
 
-def submission(job: JobSpec, options: ReplayOptions) -> dict[str, Any]:
-    """The trace job as an emulated job for the control plane, its times scaled."""
-    k = options.time_scale
+def submission(trace_job: TraceJob, options: ReplayOptions) -> dict[str, Any]:
+    """The trace job as an emulated job for the control plane, its times scaled, saying the
+    iterations its trace life holds (``TraceJob.submitted``), as the virtual-clock host
+    submits it: its departure cancels it should it still run then."""
+    job, k = trace_job.spec, options.time_scale
     rollout, train = scaled(job.rollout, k), scaled(job.train, k)
     spec: dict[str, Any] = {
         "name": job.name,
@@ -94,7 +97,7 @@ def submission(job: JobSpec, options: ReplayOptions) -> dict[str, Any]:
         "train_mem_gb": job.train_mem_gb,
         "slo": job.slo,
         "entrypoint": EMULATED,
-        "iterations": FOREVER,
+        "iterations": trace_job.submitted.iterations,
         "max_restarts": options.max_restarts,
         "args": {
             "rollout_s": rollout.mean,
@@ -217,7 +220,7 @@ def run(
                     shown = time.time()
                     on_progress((shown - began) * options.time_scale, client.request("GET", "/v1/cluster"))
             if arriving:
-                client.request("POST", "/v1/jobs", json=submission(job.spec, options))
+                client.request("POST", "/v1/jobs", json=submission(job, options))
             else:
                 _depart(client, job.spec.name)
     log = ReplayLog(began, time.time(), cpu_s=system_cpu_s() - cpu, kills=killer.kills if killer else [])
@@ -228,6 +231,42 @@ def run(
     log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
     log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
     return log
+
+
+def as_recorded(trace: Trace, log: ReplayLog, options: ReplayOptions) -> tuple[Trace, Recorded]:
+    """The live run as the virtual-clock host replays it to compare their decisions, in the
+    live plane's own units (wall seconds from the replay's start, each job as submitted):
+    each job arrives when it was submitted and leaves when it ended, and its phases, first
+    session and moves take the times the live run measured."""
+    jobs, running_at = [], {}
+    for trace_job in trace.jobs:
+        name = trace_job.spec.name
+        events = log.events.get(name, [])
+        submitted = next((e["at"] for e in events if e["kind"] == "submitted"), None)
+        if submitted is None:
+            continue
+        ended = next((e["at"] for e in events if e["kind"] in ("done", "failed", "cancelled")), log.ended)
+        running = next((e["at"] for e in events if e["kind"] == "running"), None)
+        if running is not None:
+            running_at[name] = running - log.began
+        spec = JobSubmission.model_validate(submission(trace_job, options)).spec()
+        jobs.append(TraceJob(spec, submitted - log.began, ended - log.began))
+    phases = {
+        (e["job"], e["phase"], e["iteration"]): e["ended_at"] - e["granted_at"]
+        for e in log.phase_log
+        if e["outcome"] == "released"
+    }
+    transfers: dict[str, tuple[float, ...]] = {}
+    for move in sorted(log.moves, key=lambda m: m["decided_at"]):
+        transfers[move["job"]] = (*transfers.get(move["job"], ()), move["pause_s"])
+    ordered = tuple(sorted(jobs, key=lambda j: j.arrival))
+    return Trace(ordered), Recorded(phases, running_at, transfers)
+
+
+def live_decisions(log: ReplayLog, order: dict[str, int]) -> list[Decision]:
+    """The live plane's placements, re-seats and moves, from its job events."""
+    events = [{**e, "job": name} for name, found in log.events.items() for e in found]
+    return decisions(events, order)
 
 
 @contextmanager

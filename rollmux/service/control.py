@@ -555,7 +555,7 @@ class ControlPlane:
         await self.journal.submit(delta)
         if (delta.jobs or delta.groups) and self._changed is not None:
             self._changed.set()
-        if any(e.kind in ("placed", RUNNING, DONE, FAILED, CANCELLED, "unseated") for e in delta.events):
+        if delta.asks_for_round():
             self._regroup_due = self.options.regroup is not None
             if self._regroup_now is not None:
                 self._regroup_now.set()
@@ -813,8 +813,7 @@ class ControlPlane:
         seat it elsewhere."""
         if self.options.regroup is None or not job.unstarted:
             return True
-        seen = job.placed_at is not None and job.placed_at < self._examined_at
-        return seen and job.name not in self._reseating
+        return job.seen_by_round(self._examined_at) and job.name not in self._reseating
 
     async def _start_readied(self, plan: RegroupPlan, snapshot: Cluster) -> list[str]:
         """Ready the plan's new nodes (placement groups, workers) on ids set aside for them

@@ -28,12 +28,13 @@ give the same result.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 import itertools
 import math
 import random
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
 from rollmux.inputs.trace import Trace
 from rollmux.service.store import Store
+from rollmux.sim.decisions import DECISION_KINDS
 from rollmux.sim.faults import (
     DRIVER_KILL,
     LEASE_LOSS,
@@ -90,6 +92,19 @@ class HostCosts:
             raise ValueError("start-up, node and settle times must be >= 0")
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """Times a live run measured, fed back so that the virtual clock meets the moments the
+    live plane met (``rollmux replay`` compares their decisions): each granted phase's time
+    by (job, phase, iteration), when each job's first session began (its start-up lasts
+    until then), and the transfer of each of a job's moves, in order. What is not recorded
+    is drawn from the profile or modelled (:class:`HostCosts`) as without it."""
+
+    phases: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
+    running_at: Mapping[str, float] = field(default_factory=dict)
+    transfers: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+
 @dataclass
 class _Tracked:
     """What the host knows of one job beyond the state machine: its trace entry (its spec as
@@ -129,6 +144,8 @@ class ControlRun:
     events: int = 0
     node_log: list[tuple[float, int, str, bool]] = field(default_factory=list)
     faults: FaultAccount | None = None
+    decision_events: list[dict[str, object]] = field(default_factory=list)
+    """The job events that record decisions (:data:`~rollmux.sim.decisions.DECISION_KINDS`)."""
 
 
 class InvariantBroken(AssertionError):
@@ -176,8 +193,9 @@ class _Host:
         seed: int,
         slo_guard: bool,
         faults: Faults | None = None,
+        recorded: Recorded | None = None,
     ) -> None:
-        self.policy, self.faults = policy, faults
+        self.policy, self.faults, self.recorded = policy, faults, recorded or Recorded()
         self.state = ControlState(Cluster(cost=cost, planning=planning), policy, lease_s=math.inf)
         self.regroup, self.costs, self.slo_guard = regroup, costs, slo_guard
         self.move_model = regroup or RegroupConfig()
@@ -251,10 +269,12 @@ class _Host:
 
     def settle(self) -> None:
         """Act on what the last call changed: phases granted start, movers at their
-        boundary send their state, and the node log is paid."""
+        boundary send their state, the node log is paid, and a regrouping round is due
+        after the events the live plane rounds after (:meth:`Delta.asks_for_round`)."""
         delta: Delta = self.state.drain()
         if self.journal:
             self.journal.append(delta)
+        self.run.decision_events += [dataclasses.asdict(e) for e in delta.events if e.kind in DECISION_KINDS]
         for entry in delta.phases:
             for node in entry.grant.nodes:
                 if self.holders.get(node) == entry.grant.job:
@@ -264,10 +284,17 @@ class _Host:
         for name in sorted(delta.movable):
             job = self.state.jobs.get(name)
             if job is not None and job.move is not None:
-                move_s = self.move_model.migration_s(job.spec)
+                move_s = self.transfer_s(name, job.moves, job.spec)
                 self.at(self.now + move_s, "carried", name, job.epoch, job.move.decided_at)
         if delta.nodes:
             self.pay(delta)
+        if delta.asks_for_round():
+            self.round_soon()
+
+    def transfer_s(self, name: str, moves: int, spec: JobSpec) -> float:
+        """The transfer of a job's ``moves``-th move: as recorded, else as regrouping prices it."""
+        recorded = self.recorded.transfers.get(name, ())
+        return recorded[moves - 1] if 0 < moves <= len(recorded) else self.move_model.migration_s(spec)
 
     def pay(self, delta: Delta) -> None:
         for entry in delta.nodes:
@@ -290,7 +317,6 @@ class _Host:
 
     def arrive(self, name: str) -> None:
         self.state.submit(self.jobs[name].spec, MANAGED, self.now)
-        self.round_soon()
         if self.regroup is None:
             self.start_placed()
 
@@ -298,11 +324,16 @@ class _Host:
         """Start the drivers of placed jobs not started yet that a regrouping round has
         seen (all, without regrouping) and that it does not re-seat (``except_``)."""
         for job in list(self.state.jobs.values()):
-            seen = job.placed_at is not None and job.placed_at <= self.examined_at
+            seen = job.seen_by_round(self.examined_at)
             if job.unstarted and seen and job.name not in except_ and job.name not in self.starting:
                 self.state.claim(job.name)
                 self.starting.add(job.name)
-                self.at(self.now + self.costs.job_start_s, "started", job.name)
+                self.at(self.now + self.start_s(job.name), "started", job.name)
+
+    def start_s(self, name: str) -> float:
+        """A job's first start-up: until its recorded first session, else the modelled one."""
+        recorded = self.recorded.running_at.get(name)
+        return self.costs.job_start_s if recorded is None else max(recorded - self.now, 0.0)
 
     def started(self, name: str) -> None:
         tracked = self.jobs[name]
@@ -315,7 +346,6 @@ class _Host:
         self.state.activate(name, job.epoch, None, self.now)
         tracked.started = True
         self.ask(name)
-        self.round_soon()
 
     def ask(self, name: str) -> None:
         job = self.state.jobs[name]
@@ -338,7 +368,9 @@ class _Host:
         seat = self.state.seat(name)
         true = colocated_phases(tracked.spec) if seat is not None and seat.colocated else None
         true = true or (tracked.spec.rollout, tracked.spec.train)
-        time = (true[0] if grant.phase == ROLLOUT else true[1]).sample(tracked.rng)
+        time = self.recorded.phases.get((name, grant.phase, job.iteration))
+        if time is None:
+            time = (true[0] if grant.phase == ROLLOUT else true[1]).sample(tracked.rng)
         tracked.phase_started, tracked.phase_s = self.now, time
         self.at(self.now + time, "phase_end", name, grant.token)
 
@@ -386,7 +418,6 @@ class _Host:
         self.state.end(name, "done", self.now)
         tracked.moves, tracked.paused_s = job.moves, job.paused_s
         self.account(name)
-        self.round_soon()
 
     def account(self, name: str) -> None:
         """The job's lifetime in the simulator's terms: its time from arrival to departure,
@@ -402,15 +433,14 @@ class _Host:
     # --- moves ----------------------------------------------------------------------------
 
     def round_soon(self) -> None:
-        """A regrouping round a settle delay from now, unless one is already due by then."""
-        if self.round_at is not None and self.round_at <= self.now + self.costs.settle_s:
-            return
+        """A regrouping round a settle delay after the last of a burst of events: as the
+        live plane does, each event puts the round due off to a settle delay from it."""
         self.round_at = self.now + self.costs.settle_s
         self.at(self.round_at, "round", self.generation)
 
     def round(self, generation: int) -> None:
-        if generation != self.generation or self.round_at is None or self.now < self.round_at:
-            return
+        if generation != self.generation or self.round_at != self.now:
+            return  # put off by a later event (or planned by an earlier incarnation)
         self.round_at = None
         if self.regroup is None:
             return
@@ -453,7 +483,6 @@ class _Host:
         if self.state.finish_move(name, epoch, decided_at, 0, self.now):
             self.run.moves_done += 1
             self.ask(name)
-            self.round_soon()
 
     def guard(self) -> None:
         moved = self.state.guard(self.now)
@@ -616,6 +645,7 @@ def simulate_control(
     slo_guard: bool = True,
     on_event: Callable[[], None] | None = None,
     faults: Faults | None = None,
+    recorded: Recorded | None = None,
 ) -> ControlRun:
     """Replay ``trace`` through the control plane's state machine under a virtual clock.
 
@@ -625,9 +655,12 @@ def simulate_control(
     solo mean, the phase in progress for its share, plus one cold start, which Solo pays
     too): queueing, further start-ups, moves and the turns it waited all count against it.
     ``on_event`` is called at every arrival and departure (progress). ``faults`` injects
-    seeded faults (:mod:`rollmux.sim.faults`) and checks the invariants at every step."""
+    seeded faults (:mod:`rollmux.sim.faults`) and checks the invariants at every step.
+    ``recorded``: a live run's measured times, used instead of drawn and modelled ones."""
     check_phase_budget(trace)
-    host = _Host(trace, policy, cost or CostModel(), planning, regroup, costs or HostCosts(), seed, slo_guard, faults)
+    host = _Host(
+        trace, policy, cost or CostModel(), planning, regroup, costs or HostCosts(), seed, slo_guard, faults, recorded
+    )
     return host.drive(on_event)
 
 
