@@ -1,15 +1,15 @@
 """The live scenario tests kept out of ``make test`` so that the suite stays short.
 
 ``make test`` runs every test not marked ``slow`` (under 15 minutes on two cores). The
-scenarios marked ``slow`` are the longer live variants: a trace window replayed against
-the simulator, more kill points of moves, failovers and copies, two runs sharing one Ray
+scenarios marked ``slow`` are the longer live variants: more kill points of moves,
+failovers and copies, two runs sharing one Ray
 cluster in every order, the TRL jobs multiplexed next to each alone (on vLLM engines too),
 a vLLM engine killed in a job's rollout. They are as strict as the rest; they only take
 longer. This runs them with pytest and prints one line per test with its time, then
 ``passed=… failed=… wall_s=…`` (exit 1 if any failed).
 
     python bench/scenarios.py            # every slow scenario (about 15-20 minutes on two cores)
-    python bench/scenarios.py -k replay  # the ones whose name matches
+    python bench/scenarios.py -k failover  # the ones whose name matches
 """
 
 from __future__ import annotations
