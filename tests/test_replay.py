@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import ray
 from typer.testing import CliRunner
 
@@ -18,6 +19,7 @@ runner = CliRunner()
 TRACE = ["data/traces/production-200jobs.trace", "--profile", "data/traces/production-profile.json"]
 
 
+@pytest.mark.slow  # 2 minutes alone, and its SLO figure needs the cores: bench/scenarios.py runs it
 def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says_and_decides_as_the_virtual_clock(tmp_path):
     out = tmp_path / "replay.json"
     arguments = ["replay", *TRACE, "--time-scale", "150", "--window", "0", "3"]
