@@ -47,17 +47,19 @@ def regroup_config(setting: str) -> RegroupConfig:
     """``moves_per_day=N risk=R`` as a RegroupConfig (N "none": no budget)."""
     fields = dict(part.split("=") for part in setting.split())
     budget = None if fields["moves_per_day"] == "none" else float(fields["moves_per_day"])
-    growth = float(fields.get("growth", 0.0))
-    return RegroupConfig(moves_per_day=budget, move_risk_usd=float(fields["risk"]), move_risk_growth=growth)
+    growth, grace = float(fields.get("growth", 0.0)), int(fields.get("grace", 0))
+    return RegroupConfig(
+        moves_per_day=budget, move_risk_usd=float(fields["risk"]), move_risk_growth=growth, move_risk_grace=grace
+    )
 
 
-def settings(budgets: list[str], risks: list[float], growths: list[float]) -> list[str]:
+def settings(budgets: list[str], risks: list[float], growths: list[float], grace: int = 0) -> list[str]:
     """Every budget at the first risk price, then every other risk price without a budget,
-    then every other growth of the risk price at the first risk price."""
+    then every other growth of the risk price at the first risk price; all with ``grace``."""
     out = [f"moves_per_day={b} risk={risks[0]:g} growth={growths[0]:g}" for b in budgets]
     out += [f"moves_per_day=none risk={r:g} growth={growths[0]:g}" for r in risks[1:]]
     out += [f"moves_per_day=none risk={risks[0]:g} growth={g:g}" for g in growths[1:]]
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(f"{setting} grace={grace}" for setting in out))
 
 
 def main() -> None:
@@ -69,10 +71,11 @@ def main() -> None:
     parser.add_argument(
         "--move-risk-growth", nargs="+", type=float, default=[0.0], help="risk share each earlier move adds"
     )
+    parser.add_argument("--move-risk-grace", type=int, default=0, help="moves of a job before its risk grows")
     parser.add_argument("--mixes", nargs="+", choices=sorted(BENCH_SHAPES), default=list(BENCH_SHAPES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    chosen = settings(args.moves_per_day, args.move_risk, args.move_risk_growth)
+    chosen = settings(args.moves_per_day, args.move_risk, args.move_risk_growth, args.move_risk_grace)
     runs = [(mix, s) for mix in args.mixes for s in [SOLO, *chosen]]
     found: dict[tuple[str, str], dict[str, float]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:

@@ -238,6 +238,19 @@ def test_each_earlier_move_of_a_job_makes_its_next_move_dearer(earlier_moves, mo
     assert state.regroup(config, RegroupState(), 3.0) == moved
 
 
+@pytest.mark.parametrize(
+    ("earlier_moves", "moved"),
+    [pytest.param(2, ["a"], id="third-move-in-grace"), pytest.param(4, [], id="fifth-move")],
+)
+def test_a_grace_of_moves_keeps_a_jobs_first_moves_at_the_flat_risk(earlier_moves, moved):
+    """With a grace of 2, growth counts only the moves after the second: a's third move
+    risks the flat $40 and repays it, its fifth risks $40 x (1 + 2) = $120 and does not."""
+    state, _ = half_empty()
+    state.jobs["a"].moves = earlier_moves
+    config = replace(FREE_MOVES, move_risk_usd=40.0, move_risk_growth=1.0, move_risk_grace=2)
+    assert state.regroup(config, RegroupState(), 3.0) == moved
+
+
 def test_a_negative_risk_growth_is_refused_by_name():
     with pytest.raises(ValueError, match="move_risk_growth"):
         RegroupConfig(move_risk_growth=-0.5)

@@ -25,7 +25,7 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.configs import COLOCATED_ESTIMATE_RULE
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
-from rollmux.core.spec import DEFAULT_PLANNING, MOVE_RISK_GROWTH, MOVE_RISK_USD, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, MOVE_RISK_GRACE, MOVE_RISK_GROWTH, MOVE_RISK_USD, Planning, Pool
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.sim import failures as fail
@@ -63,6 +63,10 @@ MoveRiskGrowth = Annotated[
         max=100,
         help="Share of the move risk each earlier move of a job adds to its next (spreads moves over jobs)",
     ),
+]
+MoveRiskGrace = Annotated[
+    int,
+    typer.Option(min=0, max=1000, help="Moves of a job before its move risk starts to grow (a soft budget of moves)"),
 ]
 """Regrouping's options that ``simulate`` and ``serve`` share."""
 
@@ -133,6 +137,7 @@ def simulate(
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
     move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
+    move_risk_grace: MoveRiskGrace = MOVE_RISK_GRACE,
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
@@ -237,7 +242,10 @@ def simulate(
             on_event=lambda n: progress.advance(tasks[n]),
             realise=realise,
             regroup=RegroupConfig(
-                moves_per_day=moves_per_day, move_risk_usd=move_risk_usd, move_risk_growth=move_risk_growth
+                moves_per_day=moves_per_day,
+                move_risk_usd=move_risk_usd,
+                move_risk_growth=move_risk_growth,
+                move_risk_grace=move_risk_grace,
             )
             if regroup
             else None,
@@ -766,6 +774,7 @@ def serve(
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
     move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
+    move_risk_grace: MoveRiskGrace = MOVE_RISK_GRACE,
     slo_guard: Annotated[
         bool, typer.Option("--slo-guard/--no-slo-guard", help="Move a job out of a group whose real times break an SLO")
     ] = True,
@@ -813,6 +822,7 @@ def serve(
             moves_per_day=moves_per_day,
             move_risk_usd=move_risk_usd,
             move_risk_growth=move_risk_growth,
+            move_risk_grace=move_risk_grace,
         )
         if regroup
         else None,

@@ -62,7 +62,7 @@ from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phas
 from rollmux.core.optimum import GroupPlan
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.roundrobin import steady_state
-from rollmux.core.spec import MOVE_RISK_GROWTH, MOVE_RISK_USD, JobSpec, Pool
+from rollmux.core.spec import MOVE_RISK_GRACE, MOVE_RISK_GROWTH, MOVE_RISK_USD, JobSpec, Pool
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -113,6 +113,10 @@ class RegroupConfig:
     """Each earlier move of a job adds this share of ``move_risk_usd`` to the risk of its
     next one: a job moved often is exposed more (every move can fail), so moves spread
     over jobs and one job is not moved back and forth for small savings."""
+    move_risk_grace: int = MOVE_RISK_GRACE
+    """Moves of a job that add nothing to its risk: growth counts its earlier moves beyond
+    these, so a grace of 2 with a steep growth leaves a job's first moves at the flat
+    price and makes the ones after dear (a soft budget of moves per job)."""
     burst_jobs: int = 3
     burst_window_s: float = 1800.0
     burst_scale: int = 2
@@ -146,7 +150,7 @@ class RegroupConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.checks_per_event < self.checks_per_config or self.steps_per_event < self.steps_per_config:
             raise ValueError("an event's checks and steps must cover at least one search")
-        for name in ("s_per_gb", "pause_s", "moves_per_day", "move_risk_usd", "move_risk_growth"):
+        for name in ("s_per_gb", "pause_s", "moves_per_day", "move_risk_usd", "move_risk_growth", "move_risk_grace"):
             if (getattr(self, name) or 0.0) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.horizon_s <= 0:
@@ -434,8 +438,8 @@ class _Pricer:
         self.demands = _Demands.of([self._demand(jobs[name]) for name in sorted(jobs)])
 
     def _risk(self, progress: JobProgress | None) -> float:
-        """The risk price of moving a started job, grown by its earlier moves."""
-        moves = progress.moves if progress else 0
+        """The risk price of moving a started job, grown by its earlier moves past the grace."""
+        moves = max(0, (progress.moves if progress else 0) - self.config.move_risk_grace)
         return self.config.move_risk_usd * (1.0 + self.config.move_risk_growth * moves)
 
     def _demand(self, job: JobSpec) -> tuple[float, float, float, int, float, int]:

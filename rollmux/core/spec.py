@@ -183,6 +183,9 @@ largest price tried that keeps the production trace's Solo / RollMux at 1.95 or 
 MOVE_RISK_GROWTH = 0.0
 """Share of ``MOVE_RISK_USD`` each earlier move of a job adds to the risk of its next."""
 
+MOVE_RISK_GRACE = 0
+"""Moves of a job whose risk does not grow: growth counts only the earlier moves beyond these."""
+
 
 @dataclass(frozen=True)
 class NodeType:
