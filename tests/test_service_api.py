@@ -238,3 +238,16 @@ def test_submit_takes_a_run_file_and_submits_its_jobs(service, tmp_path):
     refused = post(service, yaml.safe_load(run_file.read_text()), path="/v1/plans")
     assert refused.status_code == 422 and "this is a run file" in refused.json()["detail"][0]["msg"]
     assert "rollmux submit FILE" in refused.json()["detail"][0]["msg"]
+
+
+def test_a_client_with_no_control_plane_to_find_says_how_to_start_or_reach_one(tmp_path, monkeypatch):
+    """No token in the state folder (no control plane ever served from it), none given:
+    the client names the file it looked for and the ways out, and exits 2."""
+    monkeypatch.delenv("ROLLMUX_TOKEN", raising=False)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(BALANCED))
+    told = CliRunner().invoke(app, ["submit", str(spec), "--state-dir", str(tmp_path / "nowhere")])
+    said = " ".join(told.output.split())
+    assert told.exit_code == 2, said
+    assert f"no control plane's token in {tmp_path / 'nowhere' / 'token'}" in said
+    assert "rollmux serve" in said and "--url" in said and "Errno" not in said

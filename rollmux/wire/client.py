@@ -59,11 +59,24 @@ class Client:
         self, url: str | None = None, token: str | None = None, state_dir: Path | None = None, retry_s: float = 60.0
     ):
         self.url = (url or os.environ.get("ROLLMUX_URL") or DEFAULT_URL).rstrip("/")
-        self.token = token or os.environ.get("ROLLMUX_TOKEN") or read_token(state_dir or DEFAULT_STATE_DIR)
+        self.token = token or os.environ.get("ROLLMUX_TOKEN") or self._local_token(Path(state_dir or DEFAULT_STATE_DIR))
         self.retry_s = retry_s
         self.headers = {"Authorization": f"Bearer {self.token}"}
         self._prefix = urlsplit(self.url).path
         self._pool = urllib3.connection_from_url(self.url, maxsize=4, block=False, retries=False)
+
+    @staticmethod
+    def _local_token(state_dir: Path) -> str:
+        """The token a control plane serving from ``state_dir`` on this machine wrote; a
+        missing one means no control plane was ever started there."""
+        try:
+            return read_token(state_dir)
+        except FileNotFoundError:
+            raise ServiceError(
+                f"no control plane's token in {state_dir / TOKEN_FILE}: start one with `rollmux serve` (it writes "
+                "the token there), pass --state-dir of one that runs, or --token / $ROLLMUX_TOKEN and --url / "
+                "$ROLLMUX_URL for one elsewhere; `rollmux run FILE` runs a run file with a control plane of its own"
+            ) from None
 
     def request(
         self,
