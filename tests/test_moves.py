@@ -234,7 +234,7 @@ def test_each_earlier_move_of_a_job_makes_its_next_move_dearer(earlier_moves, mo
     with growth 1 a job moved twice before risks $40 x 3 = $120 on its third move."""
     state, _ = half_empty()
     state.jobs["a"].moves = earlier_moves
-    config = replace(FREE_MOVES, move_risk_usd=40.0, move_risk_growth=1.0)
+    config = replace(FREE_MOVES, move_risk_usd=40.0, move_risk_growth=1.0, move_risk_grace=0)
     assert state.regroup(config, RegroupState(), 3.0) == moved
 
 
