@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
 from rollmux.core.regroup import RegroupConfig
+from rollmux.core.spec import MOVE_RISK_GRACE, MOVE_RISK_GROWTH
 from rollmux.sim.generate import BENCH_SHAPES, generate
 from rollmux.sim.simulator import simulate
 
@@ -47,7 +48,7 @@ def regroup_config(setting: str) -> RegroupConfig:
     """``moves_per_day=N risk=R`` as a RegroupConfig (N "none": no budget)."""
     fields = dict(part.split("=") for part in setting.split())
     budget = None if fields["moves_per_day"] == "none" else float(fields["moves_per_day"])
-    growth, grace = float(fields.get("growth", 0.0)), int(fields.get("grace", 0))
+    growth, grace = float(fields["growth"]), int(fields["grace"])
     return RegroupConfig(
         moves_per_day=budget, move_risk_usd=float(fields["risk"]), move_risk_growth=growth, move_risk_grace=grace
     )
@@ -69,9 +70,15 @@ def main() -> None:
     parser.add_argument("--moves-per-day", nargs="+", default=["none", "4", "1"], help="budgets to run ('none': none)")
     parser.add_argument("--move-risk", nargs="+", type=float, default=[0.0], help="risk prices per move, dollars")
     parser.add_argument(
-        "--move-risk-growth", nargs="+", type=float, default=[0.0], help="risk share each earlier move adds"
+        "--move-risk-growth",
+        nargs="+",
+        type=float,
+        default=[MOVE_RISK_GROWTH],
+        help="risk share each earlier move past the grace adds (default: the shipped one)",
     )
-    parser.add_argument("--move-risk-grace", type=int, default=0, help="moves of a job before its risk grows")
+    parser.add_argument(
+        "--move-risk-grace", type=int, default=MOVE_RISK_GRACE, help="moves of a job before its risk grows (shipped)"
+    )
     parser.add_argument("--mixes", nargs="+", choices=sorted(BENCH_SHAPES), default=list(BENCH_SHAPES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
