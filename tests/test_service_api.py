@@ -251,3 +251,19 @@ def test_a_client_with_no_control_plane_to_find_says_how_to_start_or_reach_one(t
     assert told.exit_code == 2, said
     assert f"no control plane's token in {tmp_path / 'nowhere' / 'token'}" in said
     assert "rollmux serve" in said and "--url" in said and "Errno" not in said
+
+
+def test_a_token_the_client_cannot_read_is_named_with_the_reason(tmp_path, monkeypatch):
+    """A token path the client cannot read (here a folder in its place; another user's
+    mode-600 file fails the same way): the client names the file and the reason, not a raw
+    OSError, and exits 2."""
+    monkeypatch.delenv("ROLLMUX_TOKEN", raising=False)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(BALANCED))
+    token = tmp_path / "state" / "token"
+    token.mkdir(parents=True)
+    told = CliRunner().invoke(app, ["submit", str(spec), "--state-dir", str(tmp_path / "state")])
+    said = " ".join(told.output.split())
+    assert told.exit_code == 2, said
+    assert f"cannot read the control plane's token {token}: Is a directory" in said
+    assert "--token" in said and "Traceback" not in said and "Errno" not in said

@@ -68,7 +68,8 @@ class Client:
     @staticmethod
     def _local_token(state_dir: Path) -> str:
         """The token a control plane serving from ``state_dir`` on this machine wrote; a
-        missing one means no control plane was ever started there."""
+        missing one means no control plane was ever started there, an unreadable one that
+        it was started by another user (the file is the owner's only)."""
         try:
             return read_token(state_dir)
         except FileNotFoundError:
@@ -76,6 +77,12 @@ class Client:
                 f"no control plane's token in {state_dir / TOKEN_FILE}: start one with `rollmux serve` (it writes "
                 "the token there), pass --state-dir of one that runs, or --token / $ROLLMUX_TOKEN and --url / "
                 "$ROLLMUX_URL for one elsewhere; `rollmux run FILE` runs a run file with a control plane of its own"
+            ) from None
+        except (OSError, ValueError) as unreadable:
+            raise ServiceError(
+                f"cannot read the control plane's token {state_dir / TOKEN_FILE}: "
+                f"{getattr(unreadable, 'strerror', None) or unreadable}; run as the user that started `rollmux serve`, "
+                "or pass --token / $ROLLMUX_TOKEN"
             ) from None
 
     def request(
