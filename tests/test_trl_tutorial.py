@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "tutorials" / "trl.md"
 BIN = Path(sys.executable).parent
@@ -98,7 +96,6 @@ def test_from_another_directory_the_run_stops_before_any_job_as_the_page_shows(t
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow  # 3 to 5 minutes on 2 shared cores, nearly all of it starting Ray and importing TRL
 def test_the_tutorial_runs_two_of_a_users_trl_jobs_multiplexed(tmp_path):
     page = PAGE.read_text()
     printed = follow(page, tmp_path)
