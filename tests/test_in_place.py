@@ -59,9 +59,13 @@ def test_a_stayer_is_charged_no_pause_and_no_dollars():
     plan = plan_regroup(pair_and_two_alone(), RegroupConfig())
     pause = RegroupConfig().migration_s(job(2, 300, 50, 1.5))
     assert plan.pauses_s == (pause, pause)
-    # Paid twice while the movers pause: the two groups they leave (a rollout and a
-    # training node each) and the two rollout nodes added; not the trainer that is kept.
-    assert plan.migration_usd == pytest.approx((2 * 56.32 + 2 * 14.08) * pause / 3600)
+    # Paid twice while the movers finish their phase and pause: the two groups they leave
+    # (a rollout and a training node each) and the two rollout nodes added; not the trainer
+    # that is kept. Alone, a mover is in its 300 s rollout 300/350 of the time, 150 s left
+    # on average, and in its 50 s training the rest, 25 s left: the drain is charged in
+    # dollars, but it is no pause (the job works through it).
+    drain = (300 * 150 + 50 * 25) / 350
+    assert plan.migration_usd == pytest.approx((2 * 56.32 + 2 * 14.08) * (pause + drain) / 3600)
 
 
 def test_reseating_refuses_a_stayer_off_its_nodes_and_a_member_left_out():

@@ -39,7 +39,10 @@ every group is always feasible.
 Moving a job costs ``pause_s`` plus ``s_per_gb`` per GB of the largest resident state one
 of its nodes holds (every node hands its state to its successor at once, as the runtime's
 transfer does: one link per node), during which it makes no progress and both its old
-and its new nodes are paid. A job placed at
+and its new nodes are paid. Before that, a mover finishes the phase it is in (a move
+starts at a phase boundary, live and under the virtual clock), and both sides are paid for
+that wait too: its expected length, :func:`_expected_drain`, is charged, not its lost
+work, since the job works through it. A job placed at
 this very event (no time run yet) moves for free: it has no state yet. A move that could
 leave a job above its SLO over its lifetime is never generated: its slowdown so far, the
 pause counted as lost work, must stay within its SLO (an online planner does not know
@@ -62,7 +65,7 @@ from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phas
 from rollmux.core.optimum import GroupPlan
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.roundrobin import steady_state
-from rollmux.core.spec import MOVE_RISK_GRACE, MOVE_RISK_GROWTH, MOVE_RISK_USD, JobSpec, Pool
+from rollmux.core.spec import MOVE_RISK_GRACE, MOVE_RISK_GROWTH, MOVE_RISK_USD, JobSpec, Planning, Pool
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -383,6 +386,17 @@ def _fluid(cluster: Cluster, job: JobSpec) -> float:
     return demand / job.period_budget
 
 
+def _expected_drain(group: Group, name: str, planning: Planning) -> float:
+    """Expected seconds from a move's decision until the member reaches a phase boundary,
+    where its move starts: at a random moment it is in its rollout with probability R / P
+    and then has R / 2 of it left on average, likewise in training, and between its phases
+    it is at a boundary already. Its nodes, old and new, are paid meanwhile."""
+    index = next(i for i, m in enumerate(group.members) if m.job.name == name)
+    seat = group.members[index].seat(planning)
+    period = max(group.schedule.periods[index], seat.solo_s)
+    return (seat.rollout_s**2 + seat.train_s**2) / (2 * period) if period > 0 else 0.0
+
+
 def _neighbourhood(cluster: Cluster, groups: list[Group], touched: list[Group], cap: int) -> list[Group]:
     """Touched groups first, then the others, each by waste (price over its jobs' fluid
     cost), as long as their jobs stay within ``cap``."""
@@ -437,9 +451,15 @@ class _Pricer:
         self.home = {m.job.name: g for g in cluster.groups.values() for m in g.members if m.job.name in jobs}
         self.started = {name: progress is None or progress[name].elapsed_s > 0 for name in jobs}
         self.pause = {name: config.migration_s(job) if self.started[name] else 0.0 for name, job in jobs.items()}
+        self.held = {name: pause + self._drain(name) if pause else 0.0 for name, pause in self.pause.items()}
         self.window = {name: _repay_window(config, progress and progress.get(name)) for name in jobs}
         self.risk = {name: self._risk(progress and progress.get(name)) if self.started[name] else 0.0 for name in jobs}
         self.demands = _Demands.of([self._demand(jobs[name]) for name in sorted(jobs)])
+
+    def _drain(self, name: str) -> float:
+        """The job's expected wait for its phase boundary where it runs now."""
+        home = self.home.get(name)
+        return _expected_drain(home, name, self.cluster.planning) if home else 0.0
 
     def _risk(self, progress: JobProgress | None) -> float:
         """The risk price of moving a started job, grown by its earlier moves past the grace."""
@@ -488,8 +508,8 @@ class _Pricer:
         return price * self.factor(movers) + self.lost_work(movers) / self.config.horizon_s
 
     def factor(self, movers: frozenset[str]) -> float:
-        """What a price is multiplied by while the slowest mover pauses (both sides paid)."""
-        longest = max((self.pause[n] for n in movers), default=0.0)
+        """What a price is multiplied by while the slowest mover drains and pauses (both sides paid)."""
+        longest = max((self.held[n] for n in movers), default=0.0)
         return 1.0 + 2 * longest / self.config.horizon_s
 
     def lost_work(self, names: frozenset[str]) -> float:
@@ -746,8 +766,8 @@ def _partition(rows: Mapping[str, int], columns: Sequence[_Column], node_limit: 
 def _plan(cluster: Cluster, hood: Sequence[Group], changed: Sequence[_Column], pricer: _Pricer) -> RegroupPlan:
     """The plan moving every job of the chosen new columns but their stayers, and every
     joining job, with its saving and its cost: each node paid while a job it is kept for
-    is paused (the nodes of a group its jobs leave, or only those the leavers used where
-    the rest stays; the new nodes of a new group or of a join)."""
+    drains its phase and is paused (the nodes of a group its jobs leave, or only those the
+    leavers used where the rest stays; the new nodes of a new group or of a join)."""
     built = [c for c in changed if c.config]
     groups_in = tuple(GroupPlan.of(c.config, tuple(range(len(c.config.jobs)))) for c in built)
     in_place = tuple(c.in_place for c in built)
@@ -756,7 +776,7 @@ def _plan(cluster: Cluster, hood: Sequence[Group], changed: Sequence[_Column], p
     moved = tuple(m.job for plan in groups_in for m in plan.members if m.job.name not in stayers)
     moved += tuple(j.member.job for j in joins)
     moved_names = {j.name for j in moved}
-    pause = pricer.pause
+    pause, held = pricer.pause, pricer.held
     kept = {p.group_id: _nodes_price(cluster, [n for _, n in p.nodes]) for p in in_place if p}
     freed = {c.owner: c.freed for c in changed if c.kind == "shrink"}
     freed |= {g: _price(cluster, cluster.groups[g]) - price for g, price in kept.items()}
@@ -765,13 +785,13 @@ def _plan(cluster: Cluster, hood: Sequence[Group], changed: Sequence[_Column], p
         c.raw for c in changed
     )
     migration_usd = (
-        sum(freed.get(g.id, _price(cluster, g)) * max(pause[n] for n in _names(g) & moved_names) for g in left)
+        sum(freed.get(g.id, _price(cluster, g)) * max(held[n] for n in _names(g) & moved_names) for g in left)
         + sum(
             (p.cost_per_hour - kept.get(place.group_id, 0.0) if place else p.cost_per_hour)
-            * max((pause[m.job.name] for m in p.members if m.job.name not in stayers), default=0.0)
+            * max((held[m.job.name] for m in p.members if m.job.name not in stayers), default=0.0)
             for p, place in zip(groups_in, in_place, strict=True)
         )
-        + sum(j.delta_per_hour * pause[j.member.job.name] for j in joins)
+        + sum(j.delta_per_hour * held[j.member.job.name] for j in joins)
     ) / HOUR
     pauses = tuple(pause[j.name] for j in moved)
     return RegroupPlan(groups_in, moved, saving, migration_usd, pauses, joins, in_place)
@@ -864,7 +884,7 @@ def _relocations(cluster: Cluster, hood: Sequence[Group], pricer: _Pricer) -> li
                 if candidate is None:
                     continue
                 raw = _price(cluster, target) + candidate.delta_per_hour
-                paid = (freed + candidate.delta_per_hour) * pricer.pause[name] + pricer.lost_work(frozenset((name,)))
+                paid = (freed + candidate.delta_per_hour) * pricer.held[name] + pricer.lost_work(frozenset((name,)))
                 out.append(
                     _Column(_names(target) | {name}, raw + paid / horizon, None, raw, "join", target.id, candidate)
                 )

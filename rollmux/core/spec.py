@@ -177,15 +177,17 @@ MOVE_RISK_USD = 10.0
 """What regrouping charges each move beyond its pause (a transfer that fails, a restart,
 work the model does not see): a move must repay it within the horizon, or within the
 mover's remaining life when that is shorter. Chosen by measurement (docs/results.md): the
-largest price tried that keeps the production trace's Solo / RollMux at 1.95 or above
-(1.951 on SLO seed 0), with 1.0-2.1 moves a job on the five 300-job mixes."""
+largest price tried that kept the production trace's Solo / RollMux at 1.95 or above
+(1.951 on SLO seed 0), with 1.0-2.1 moves a job on the five 300-job mixes, before a move's
+wait for its phase boundary was paid. With that wait paid, $10 gives 1.933 and at most 1.94
+moves a job; $0 would give 1.952 and 3.1 moves a job on average (docs/results.md)."""
 
 MOVE_RISK_GROWTH = 0.35
 """Share of ``MOVE_RISK_USD`` each earlier move of a job adds to the risk of its next,
 counted past ``MOVE_RISK_GRACE``. With a 48-job neighbourhood, 0.35 past 2 moves came
-closest to both of issue 27's bars on seed 0: at most 2.003 moves a job on the 300-job
-mixes, the production trace's Solo / RollMux at 1.952, each mix cheaper than with a flat
-price (docs/results.md)."""
+closest to both of issue 27's bars on seed 0 before the wait for a boundary was paid: at
+most 2.003 moves a job on the 300-job mixes, the production trace's Solo / RollMux at
+1.952, each mix cheaper than with a flat price (docs/results.md)."""
 
 MOVE_RISK_GRACE = 2
 """Moves of a job whose risk does not grow: growth counts only the earlier moves beyond these."""
