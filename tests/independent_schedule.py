@@ -1,8 +1,10 @@
 """An event simulation of a group's round-robin, written apart from the core's, to check
 ``steady_state``: every node serves, each meta-iteration, its rollouts in the rollout order
 and then its trainings in the training order; a phase starts when its job's previous phase
-and every node's previous visit have ended. The period is read once the phases' end times
-repeat up to a common shift (any cyclicity up to 64), however long the transient is."""
+and every node's previous visit have ended. A rollout with a moved tail leaves its nodes
+outside ``tail_nodes`` once the first ``1 - tail_share`` of its time is over. The period is
+read once the phases' end times repeat up to a common shift (any cyclicity up to 64),
+however long the transient is."""
 
 from __future__ import annotations
 
@@ -52,8 +54,10 @@ def simulated_period(seats: Sequence[Seat], order: Order, max_rounds: int = 50_0
                 ready = job_done[i] if phase[1] == "rollout" else ends[(i, "rollout")]
                 start = max(ready, *(last_on[n] for n in nodes))
                 ends[phase] = start + seconds[phase]
+                seat = seats[i]
                 for n in nodes:
-                    last_on[n] = ends[phase]
+                    early = phase[1] == "rollout" and seat.tail_nodes and n not in seat.tail_nodes
+                    last_on[n] = start + seconds[phase] * (1 - seat.tail_share) if early else ends[phase]
                     position[n] += 1
                 if phase[1] == "train":
                     job_done[i] = ends[phase]
@@ -68,9 +72,10 @@ def simulated_period(seats: Sequence[Seat], order: Order, max_rounds: int = 50_0
     raise AssertionError(f"no period within {max_rounds} meta-iterations")
 
 
-def random_group(rng: random.Random) -> list[Seat]:
+def random_group(rng: random.Random, tails: bool = False) -> list[Seat]:
     """2–6 jobs on 1–3 rollout and 1–3 training nodes (some co-located), real-valued times
-    over three orders of magnitude."""
+    over three orders of magnitude; with ``tails``, most rollouts of two nodes or more move
+    a tail of a random share onto their first one or two nodes."""
     rollout_nodes, train_nodes = rng.randint(1, 3), rng.randint(1, 3)
     seats = []
     for _ in range(rng.randint(2, 6)):
@@ -81,5 +86,9 @@ def random_group(rng: random.Random) -> list[Seat]:
             continue
         rollout = tuple(sorted(rng.sample(range(rollout_nodes), rng.randint(1, rollout_nodes))))
         train = tuple(sorted(rng.sample(range(10, 10 + train_nodes), rng.randint(1, train_nodes))))
+        if tails and len(rollout) > 1 and rng.random() < 0.8:
+            keep = rng.randint(1, len(rollout) - 1)
+            seats.append(Seat(rollout_s, train_s, rollout, train, rng.uniform(0.0, 0.9), rollout[:keep]))
+            continue
         seats.append(Seat(rollout_s, train_s, rollout, train))
     return seats

@@ -141,6 +141,25 @@ def simulate(
     rollout_cv: Annotated[
         float, typer.Option(min=0.0, help="Draw rollouts from a lognormal of this CV; SLOs on realised times")
     ] = 0.0,
+    long_tail: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.95,
+            help="Model long-tail rollout migration (fast engine; the live plane does not run it yet): the share "
+            "of each rollout's time its last 20 % of requests take, moved onto a fifth of its nodes (at least one) "
+            "so that its other nodes go to the next rollout; rollouts of one node move nothing. 0: off",
+        ),
+    ] = 0.0,
+    tail_resume_s: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=3600.0,
+            help="With --long-tail: seconds the moved requests take to resume on the tail nodes "
+            "(an assumption, not measured; default 5)",
+        ),
+    ] = 5.0,
     engine: Annotated[
         Engine,
         typer.Option(
@@ -210,7 +229,7 @@ def simulate(
     from rollmux.core.regroup import RegroupConfig
     from rollmux.report.plots import cost_rate_plot
     from rollmux.sim.compare import compare
-    from rollmux.sim.simulator import Realisation, with_rollout_cv
+    from rollmux.sim.simulator import Realisation, with_long_tail, with_rollout_cv
 
     names = _policy_names(policies)
     failure_model = _failure_model(
@@ -224,8 +243,15 @@ def simulate(
     )
     if faults and engine is not Engine.CONTROL:
         raise typer.BadParameter("--faults needs --engine control (the fast engine injects --mtbf-hours)")
+    if long_tail and engine is Engine.CONTROL:
+        raise typer.BadParameter(
+            "--long-tail needs the fast engine: the live control plane (and so --engine control) does not "
+            "move rollout tails yet"
+        )
     fault_plan = Faults(seed=seed) if faults else None
     loaded = _load_trace(trace, profile, slo_uniform, seed)
+    if long_tail:
+        loaded = with_long_tail(loaded, long_tail, tail_resume_s)
     realise = None
     if rollout_cv > 0:
         loaded, realise = with_rollout_cv(loaded, rollout_cv), Realisation(seed=seed)

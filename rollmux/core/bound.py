@@ -183,7 +183,9 @@ class Bound:
 @dataclass(frozen=True)
 class _Mode:
     """One way to run a job: its chain, and per pool its per-node load, width and
-    resident state per node (rollout width 0: co-located, no rollout node)."""
+    resident state per node (rollout width 0: co-located, no rollout node). A rollout that
+    moves its tail loads its nodes unevenly: ``rollout_load`` is their mean (the work is
+    exact) and ``rollout_least`` the least of them (the crowd counts stay lower bounds)."""
 
     chain: float
     train_load: float
@@ -192,6 +194,7 @@ class _Mode:
     rollout_load: float = 0.0
     rollout_width: int = 0
     rollout_gb: float = 0.0
+    rollout_least: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -204,14 +207,21 @@ class _Job:
 
     @staticmethod
     def of(spec: JobSpec, planning: Planning, colocate: bool) -> _Job:
+        rollout, train = spec.rollout.planned(planning), spec.train.planned(planning)
+        whole, least = rollout, rollout
+        if spec.moves_tail:
+            tail = spec.tail
+            assert tail is not None
+            whole, least = tail.rollout_s(rollout), tail.rollout_s(rollout) - tail.tail_s(rollout)
         disagg = _Mode(
-            spec.planned_iteration(planning),
-            spec.train.planned(planning),
+            whole + train,
+            train,
             spec.train_width,
             spec.train_mem_gb,
-            spec.rollout.planned(planning),
+            spec.rollout_node_seconds(rollout) / spec.rollout_width,
             spec.rollout_width,
             spec.rollout_mem_gb,
+            least,
         )
         modes = [disagg]
         if colocate:
@@ -241,14 +251,17 @@ def _tally(tally: tuple, mode: _Mode, budget: float) -> tuple:
     train, rollout = tally
     train = _add(train, mode.train_width, mode.train_load, mode.train_gb, budget)
     if mode.rollout_width:
-        rollout = _add(rollout, mode.rollout_width, mode.rollout_load, mode.rollout_gb, budget)
+        rollout = _add(rollout, mode.rollout_width, mode.rollout_load, mode.rollout_gb, budget, mode.rollout_least)
     return train, rollout
 
 
-def _add(pool: tuple, width: int, load: float, gb: float, budget: float) -> tuple:
+def _add(pool: tuple, width: int, load: float, gb: float, budget: float, least: float | None = None) -> tuple:
+    """``pool`` with a phase of ``width`` nodes, ``load`` seconds each on average and at
+    least ``least`` on every one (the crowds count by the least)."""
     work, state, widest, crowds = pool
-    if load > budget / (_CROWDS[-1] + 1):
-        crowds = tuple(c + width if load > budget / (k + 1) else c for c, k in zip(crowds, _CROWDS, strict=True))
+    least = load if least is None else least
+    if least > budget / (_CROWDS[-1] + 1):
+        crowds = tuple(c + width if least > budget / (k + 1) else c for c, k in zip(crowds, _CROWDS, strict=True))
     return work + width * load, state + width * gb, max(widest, width), crowds
 
 
@@ -524,22 +537,28 @@ class _FloorPricing:
             rows.add([(k, 1.0) for k, (m, _) in enumerate(seats) if m == i], 1.0 if i == j else 0.0, 1.0)
         rows.add([(k, 1.0) for k in range(len(seats))], 1.0, self.config.max_group)
         pools = (
-            (trainers, self.cost.usable_dram_gb(Pool.TRAIN), lambda m: (m.train_width, m.train_load, m.train_gb)),
+            (
+                trainers,
+                self.cost.usable_dram_gb(Pool.TRAIN),
+                lambda m: (m.train_width, m.train_load, m.train_gb, m.train_load),
+            ),
             (
                 rollouts,
                 self.cost.usable_dram_gb(Pool.ROLLOUT),
-                lambda m: (m.rollout_width, m.rollout_load, m.rollout_gb),
+                lambda m: (m.rollout_width, m.rollout_load, m.rollout_gb, m.rollout_least),
             ),
         )
         for nodes, usable, demand in pools:
             used = [(k, *demand(mode)) for k, (_, mode) in enumerate(seats) if demand(mode)[0]]
-            rows.at_most([(k, w * load) for k, w, load, _ in used], nodes, budget * (1 + _TOL))
-            rows.at_most([(k, w * gb) for k, w, _, gb in used], nodes, usable * (1 + _TOL))
-            for k, w, _, _ in used:
+            rows.at_most([(k, w * load) for k, w, load, _, _ in used], nodes, budget * (1 + _TOL))
+            rows.at_most([(k, w * gb) for k, w, _, gb, _ in used], nodes, usable * (1 + _TOL))
+            for k, w, _, _, _ in used:
                 if w > 1:
                     rows.at_most([(k, float(w))], nodes, 1.0)
             for crowd in _CROWDS:
-                rows.at_most([(k, float(w)) for k, w, load, _ in used if load > budget / (crowd + 1)], nodes, crowd)
+                rows.at_most(
+                    [(k, float(w)) for k, w, _, _, least in used if least > budget / (crowd + 1)], nodes, crowd
+                )
         for members in self.cut.get(j, ()):
             inside = set(members)
             rows.add([(k, 1.0 if i in inside else -1.0) for k, (i, _) in enumerate(seats)], -np.inf, len(members) - 1)

@@ -42,8 +42,16 @@ class Member:
     colocated: bool = False
 
     def seat(self, planning: Planning) -> Seat:
+        """Its planned phases on its nodes; a rollout tail, when it has one to move, held
+        by its first rollout nodes."""
         rollout, train = self.phases()
-        return Seat(rollout.planned(planning), train.planned(planning), self.rollout_nodes, self.train_nodes)
+        planned, train_s = rollout.planned(planning), train.planned(planning)
+        tail = self.job.tail
+        if self.colocated or tail is None or not tail.applies(len(self.rollout_nodes)):
+            return Seat(planned, train_s, self.rollout_nodes, self.train_nodes)
+        whole = tail.rollout_s(planned)
+        share = tail.tail_s(planned) / whole if whole > 0 else 0.0
+        return Seat(whole, train_s, self.rollout_nodes, self.train_nodes, share, self.rollout_nodes[: tail.nodes])
 
     def resident_gb(self, node: int) -> float:
         """Host memory the member's state takes on ``node``, as residency counts it (a

@@ -137,21 +137,33 @@ class Config:
 
 @dataclass(frozen=True)
 class _Job:
-    """The numbers the search needs of one job, disaggregated and co-located."""
+    """The numbers the search needs of one job, disaggregated and co-located. A rollout
+    that moves its tail lasts ``rollout_s`` (its chain) but loads its nodes by
+    ``rollout_load`` on average and ``rollout_least`` at least (its non-tail nodes)."""
 
     spec: JobSpec
     rollout_s: float
     train_s: float
     colo_s: float
+    rollout_load: float
+    rollout_least: float
 
     @staticmethod
     def of(spec: JobSpec, planning: Planning) -> _Job:
         colo_r, colo_t = colocated_phases(spec)
+        rollout = spec.rollout.planned(planning)
+        whole, least = rollout, rollout
+        if spec.moves_tail:
+            tail = spec.tail
+            assert tail is not None
+            whole, least = tail.rollout_s(rollout), tail.rollout_s(rollout) - tail.tail_s(rollout)
         return _Job(
             spec,
-            spec.rollout.planned(planning),
+            whole,
             spec.train.planned(planning),
             colo_r.planned(planning) + colo_t.planned(planning),
+            spec.rollout_node_seconds(rollout) / spec.rollout_width,
+            least,
         )
 
 
@@ -229,7 +241,9 @@ def _price_floors(
     disagg = ~colocated
     chain = np.where(colocated, [it.colo_s for it in items], [it.rollout_s + it.train_s for it in items])
     specs = [it.spec for it in items]
-    rollout = _least_nodes(disagg, [it.rollout_s for it in items], specs, Pool.ROLLOUT, cost, budget)
+    rollout = _least_nodes(
+        disagg, [it.rollout_load for it in items], specs, Pool.ROLLOUT, cost, budget, [it.rollout_least for it in items]
+    )
     train_load = np.where(colocated, [it.colo_s for it in items], [it.train_s for it in items])
     train = _least_nodes(np.ones_like(colocated), train_load, specs, Pool.TRAIN, cost, budget)
     floors = rollout * cost.price(Pool.ROLLOUT) + train * cost.price(Pool.TRAIN)
@@ -253,16 +267,20 @@ def _least_nodes(
     pool: Pool,
     cost: CostModel,
     budget: float,
+    least: Sequence[float] | None = None,
 ) -> np.ndarray:
-    """Per row of the ``members`` mask: the fewest nodes of ``pool`` its members can fit."""
+    """Per row of the ``members`` mask: the fewest nodes of ``pool`` its members can fit.
+    ``load`` is each phase's mean seconds per node, ``least`` its fewest on any node (the
+    crowds count by it; default the mean)."""
     width = members * np.array([s.width(pool) for s in specs])
     load = np.broadcast_to(np.asarray(load, dtype=float), width.shape)
+    shortest = load if least is None else np.broadcast_to(np.asarray(least, dtype=float), width.shape)
     work = (width * load).sum(axis=1)
     state = (width * np.array([s.mem_gb(pool) for s in specs])).sum(axis=1)
     nodes = np.maximum(width.max(axis=1), np.ceil(work / budget - _TOL))
     nodes = np.maximum(nodes, np.ceil(state / (cost.usable_dram_gb(pool) + _TOL) - _TOL))
     for k in (1, 2, 3):
-        nodes = np.maximum(nodes, np.ceil((width * (load > budget / (k + 1))).sum(axis=1) / k - _TOL))
+        nodes = np.maximum(nodes, np.ceil((width * (shortest > budget / (k + 1))).sum(axis=1) / k - _TOL))
     return nodes
 
 
@@ -286,7 +304,7 @@ def _cheapest_with(
     """
     n = len(items)
     disagg = tuple(i for i in range(n) if i not in colocated)
-    rollout_load = [it.rollout_s for it in items]
+    rollout_load = [it.rollout_load for it in items]
     train_load = [it.colo_s if i in colocated else it.train_s for i, it in enumerate(items)]
     most_bins = len(disagg) + 1
     train_parts = _priced_partitions(

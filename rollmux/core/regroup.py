@@ -381,7 +381,7 @@ def _breaks_slo(group: Group) -> bool:
 
 def _fluid(cluster: Cluster, job: JobSpec) -> float:
     """Hourly cost of the job's average demand of each pool at its SLO (fractional nodes)."""
-    demand = job.rollout_width * job.rollout.mean * cluster.cost.price(Pool.ROLLOUT)
+    demand = job.rollout_node_seconds(job.rollout.mean) * cluster.cost.price(Pool.ROLLOUT)
     demand += job.train_width * job.train.mean * cluster.cost.price(Pool.TRAIN)
     return demand / job.period_budget
 
@@ -477,7 +477,7 @@ class _Pricer:
         if colo <= budget:
             train = job.train_width * min(job.train.planned(planning), colo)
             return budget, min(colo, disagg), train, job.train_width, 0.0, 0
-        rollout = job.rollout_width * job.rollout.planned(planning)
+        rollout = job.rollout_node_seconds(job.rollout.planned(planning))
         train = job.train_width * job.train.planned(planning)
         return budget, disagg, train, job.train_width, rollout, job.rollout_width
 

@@ -36,17 +36,25 @@ _NONE = float("-inf")
 class Seat:
     """One job's place in a group: its planned phase times and the nodes of each phase.
 
-    A co-located job names the same nodes for both phases.
+    A co-located job names the same nodes for both phases. A rollout with a moved tail
+    (``tail_nodes``, a subset of its rollout nodes) frees its other rollout nodes for the
+    last ``tail_share`` of its time; the training still waits for the whole rollout.
     """
 
     rollout_s: float
     train_s: float
     rollout_nodes: tuple[int, ...]
     train_nodes: tuple[int, ...]
+    tail_share: float = 0.0
+    tail_nodes: tuple[int, ...] = ()
 
     @property
     def solo_s(self) -> float:
         return self.rollout_s + self.train_s
+
+    def release_share(self, node: int) -> float:
+        """Share of the rollout's time after which ``node`` is free for the next phase."""
+        return 1.0 - self.tail_share if self.tail_nodes and node not in self.tail_nodes else 1.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ def node_load(seats: Sequence[Seat]) -> dict[int, float]:
     load: dict[int, float] = {}
     for seat in seats:
         for node in seat.rollout_nodes:
-            load[node] = load.get(node, 0.0) + seat.rollout_s
+            load[node] = load.get(node, 0.0) + seat.rollout_s * seat.release_share(node)
         for node in seat.train_nodes:
             load[node] = load.get(node, 0.0) + seat.train_s
     return load
@@ -120,7 +128,7 @@ def fcfs_order(seats: Sequence[Seat]) -> Order:
         start = max((free.get(n, 0.0) for n in seats[i].rollout_nodes), default=0.0)
         rollout_end[i] = start + seats[i].rollout_s
         for n in seats[i].rollout_nodes:
-            free[n] = rollout_end[i]
+            free[n] = start + seats[i].rollout_s * seats[i].release_share(n)
     train = tuple(sorted(rollout, key=lambda i: (rollout_end[i], i)))
     return Order(rollout=rollout, train=train)
 
@@ -151,7 +159,7 @@ def _rounds(
             start = max(train_end[i], *(free[n] for n in seat.rollout_nodes))
             rollout_start[i] = start
             for n in seat.rollout_nodes:
-                free[n] = start + rollout_s[i]
+                free[n] = start + rollout_s[i] * seat.release_share(n)
         for i in order.train:
             seat = seats[i]
             start = max(rollout_start[i] + rollout_s[i], *(free[n] for n in seat.train_nodes))
@@ -252,9 +260,10 @@ def round_matrix(seats: Sequence[Seat], order: Order) -> list[Form]:
     rollout_end: list[Form] = [{} for _ in seats]
     for i in order.rollout:
         seat = seats[i]
-        rollout_end[i] = _plus(_max(train_end[i], *(free[n] for n in seat.rollout_nodes)), seat.rollout_s)
+        start = _max(train_end[i], *(free[n] for n in seat.rollout_nodes))
+        rollout_end[i] = _plus(start, seat.rollout_s)
         for n in seat.rollout_nodes:
-            free[n] = rollout_end[i]
+            free[n] = _plus(start, seat.rollout_s * seat.release_share(n))
     for i in order.train:
         seat = seats[i]
         train_end[i] = _plus(_max(rollout_end[i], *(free[n] for n in seat.train_nodes)), seat.train_s)
@@ -312,13 +321,16 @@ def steady_state(seats: Sequence[Seat], order: Order | None = None) -> SteadySta
 
 
 def timeline(seats: Sequence[Seat], iterations: int, order: Order | None = None) -> list[PhaseRun]:
-    """Every phase of the first ``iterations`` meta-iterations, for tests and Gantt charts."""
+    """Every phase of the first ``iterations`` meta-iterations, for tests and Gantt charts.
+    A rollout with a moved tail is two runs: on its tail nodes to its end, on its other
+    nodes until they are freed."""
     order = order or fcfs_order(seats)
     runs: list[PhaseRun] = []
     for k, (rollout_start, train_start, _) in zip(range(iterations), _rounds(seats, order), strict=False):
         for i, seat in enumerate(seats):
-            runs.append(
-                PhaseRun(i, ROLLOUT, k, rollout_start[i], rollout_start[i] + seat.rollout_s, seat.rollout_nodes)
-            )
+            start = rollout_start[i]
+            for share in sorted({seat.release_share(n) for n in seat.rollout_nodes}, reverse=True):
+                nodes = tuple(n for n in seat.rollout_nodes if seat.release_share(n) == share)
+                runs.append(PhaseRun(i, ROLLOUT, k, start, start + seat.rollout_s * share, nodes))
             runs.append(PhaseRun(i, TRAIN, k, train_start[i], train_start[i] + seat.train_s, seat.train_nodes))
     return runs

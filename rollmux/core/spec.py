@@ -104,6 +104,48 @@ class PhaseTime:
 
 
 @dataclass(frozen=True)
+class RolloutTail:
+    """The long tail of a job's rollout and its migration (DESIGN.md 5b).
+
+    Response lengths are long-tailed: once ``threshold`` of a rollout's requests are done,
+    the unfinished ones move onto ``nodes`` of the job's rollout nodes (its first ones),
+    which run the last ``share`` of the rollout's time, plus ``resume_s`` for the moved
+    requests to resume there (their prompts and tokens so far prefilled again). The job's
+    other rollout nodes are free from that moment for the next rollout in the group's turns,
+    which starts once all of its own nodes are free (it waits for its full width: grants
+    stay whole). A rollout on no more than ``nodes`` nodes, or co-located, has no tail to
+    move and runs as if it had none.
+    """
+
+    share: float
+    nodes: int = 1
+    threshold: float = 0.8
+    resume_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.share < 1.0:
+            raise ValueError(f"tail share must be in [0, 1), got {self.share}")
+        if self.nodes < 1:
+            raise ValueError(f"tail nodes must be >= 1, got {self.nodes}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"tail threshold must be in (0, 1), got {self.threshold}")
+        if self.resume_s < 0:
+            raise ValueError(f"tail resume_s must be >= 0, got {self.resume_s}")
+
+    def applies(self, width: int) -> bool:
+        """Whether a rollout ``width`` nodes wide frees any node by moving its tail."""
+        return width > self.nodes and self.share > 0
+
+    def rollout_s(self, planned: float) -> float:
+        """The rollout's time with its tail moved: the resumption added."""
+        return planned + self.resume_s
+
+    def tail_s(self, planned: float) -> float:
+        """Seconds at the end of the rollout in which only the tail nodes work."""
+        return self.share * planned + self.resume_s
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What the scheduler needs to know of one RL job.
 
@@ -125,6 +167,9 @@ class JobSpec:
     iterations: int | None = None
     """Iterations the job runs in all, when it says (None: it runs until it ends): how long it
     is expected to run on, which a move of it must repay its price within."""
+    tail: RolloutTail | None = None
+    """Its rollout's long tail, moved onto fewer nodes (None: the rollout holds all its nodes
+    to the end)."""
 
     def __post_init__(self) -> None:
         if self.slo < 1.0:
@@ -134,13 +179,31 @@ class JobSpec:
         if self.iterations is not None and self.iterations < 1:
             raise ValueError(f"job {self.name}: iterations must be >= 1, got {self.iterations}")
 
+    @property
+    def moves_tail(self) -> bool:
+        """Whether its disaggregated rollout frees nodes before it ends."""
+        return self.tail is not None and self.tail.applies(self.rollout_width)
+
+    def rollout_node_seconds(self, rollout_s: float) -> float:
+        """Node-seconds a disaggregated rollout of ``rollout_s`` planned seconds holds: all
+        its nodes until the tail, the tail nodes to the end (and the resumption)."""
+        if not self.moves_tail:
+            return self.rollout_width * rollout_s
+        tail = self.tail
+        assert tail is not None
+        whole = tail.rollout_s(rollout_s)
+        return self.rollout_width * whole - (self.rollout_width - tail.nodes) * tail.tail_s(rollout_s)
+
     def solo_iteration(self) -> float:
         """Mean iteration time alone on dedicated disaggregated nodes: the slowdown's denominator."""
         return self.rollout.mean + self.train.mean
 
     def planned_iteration(self, planning: Planning) -> float:
-        """The job's own dependency chain as the planner sees it."""
-        return self.rollout.planned(planning) + self.train.planned(planning)
+        """The job's own dependency chain as the planner sees it (disaggregated, its moved
+        tail's resumption included)."""
+        rollout = self.rollout.planned(planning)
+        resume = self.tail.resume_s if self.moves_tail and self.tail else 0.0
+        return rollout + resume + self.train.planned(planning)
 
     @property
     def period_budget(self) -> float:
@@ -160,6 +223,7 @@ class JobSpec:
                 "rollout": PhaseTime(**data["rollout"]),
                 "train": PhaseTime(**data["train"]),
                 "colocated": tuple(PhaseTime(**p) for p in colocated) if colocated else None,
+                "tail": RolloutTail(**data["tail"]) if data.get("tail") else None,
             }
         )
 

@@ -102,7 +102,17 @@ def group_gantt(data: dict[str, Any], path: Path, iterations: int = 3) -> Path |
     example = data["example_group"]
     if not example:
         return None
-    seats = [Seat(e["rollout_s"], e["train_s"], tuple(e["rollout_nodes"]), tuple(e["train_nodes"])) for e in example]
+    seats = [
+        Seat(
+            e["rollout_s"],
+            e["train_s"],
+            tuple(e["rollout_nodes"]),
+            tuple(e["train_nodes"]),
+            e.get("tail_share", 0.0),
+            tuple(e.get("tail_nodes", ())),
+        )
+        for e in example
+    ]
     phases = [
         PhaseRecord(
             example[r.seat]["job"], r.phase, r.iteration, r.nodes, r.start, r.start, r.start, r.end, r.end, 0, 0

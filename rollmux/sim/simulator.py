@@ -16,7 +16,7 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.placement import Policy, place
 from rollmux.core.regroup import JobProgress, RegroupConfig, RegroupState, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import Seat, realised_periods
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool, RolloutTail
 from rollmux.inputs.trace import Trace, TraceJob
 from rollmux.sim.failures import FailureAccount, FailureInjector, FailureModel, Interruption
 
@@ -384,11 +384,31 @@ def fluid_lower_bound_usd(trace: Trace, cost: CostModel | None = None) -> float:
         spec = j.spec
         period = spec.period_budget
         rate = (
-            spec.rollout_width * spec.rollout.mean * cost.price(Pool.ROLLOUT)
+            spec.rollout_node_seconds(spec.rollout.mean) * cost.price(Pool.ROLLOUT)
             + spec.train_width * spec.train.mean * cost.price(Pool.TRAIN)
         ) / period
         total += rate * (j.departure - j.arrival) / HOUR
     return total
+
+
+LONG_TAIL_THRESHOLD = 0.8
+"""Share of a rollout's requests done when its tail moves: the published design's ~80 %."""
+LONG_TAIL_RESUME_S = 5.0
+"""Seconds the moved requests take to resume on the tail nodes (their prompts and tokens so
+far prefilled again): an assumption, not measured, named wherever it is used."""
+
+
+def with_long_tail(trace: Trace, share: float, resume_s: float = LONG_TAIL_RESUME_S) -> Trace:
+    """The same jobs with long-tail rollout migration: the last ``share`` of each rollout's
+    time (its last 20 % of requests) runs on a fifth of its rollout nodes (at least one),
+    the others free for the next rollout; only rollouts of two nodes or more move any."""
+    jobs = tuple(replace(j, spec=replace(j.spec, tail=_tail_of(j.spec, share, resume_s))) for j in trace.jobs)
+    return replace(trace, jobs=jobs)
+
+
+def _tail_of(spec: JobSpec, share: float, resume_s: float) -> RolloutTail:
+    nodes = max(1, math.ceil((1 - LONG_TAIL_THRESHOLD) * spec.rollout_width - 1e-9))
+    return RolloutTail(share=share, nodes=nodes, threshold=LONG_TAIL_THRESHOLD, resume_s=resume_s)
 
 
 def with_rollout_cv(trace: Trace, cv: float) -> Trace:

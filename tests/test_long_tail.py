@@ -1,0 +1,177 @@
+"""Long-tail rollout migration in the core's model (issue 29, item 4): a rollout whose tail
+moves onto fewer nodes frees its other nodes early for the next rollout in the group's
+turns, which starts once all of its own nodes are free. The periods stay exact (the same
+max-plus system with earlier release times), equal an independent event simulation, never
+grow by a moved tail, and the bound stays below the optimum."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from rollmux.cli.main import app
+from rollmux.core.bound import lower_bound
+from rollmux.core.cluster import Member
+from rollmux.core.optimum import optimum
+from rollmux.core.roundrobin import (
+    Seat,
+    components,
+    fcfs_order,
+    max_cycle_mean,
+    round_matrix,
+    steady_state,
+    subgroup,
+    timeline,
+)
+from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, RolloutTail
+from rollmux.inputs.trace import Trace, TraceJob
+from rollmux.sim.simulator import fluid_lower_bound_usd, with_long_tail
+from tests.independent_schedule import random_group, simulated_period
+
+COST = CostModel()
+PLANNING = Planning.P95
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_the_next_rollout_starts_on_the_node_a_moved_tail_frees():
+    """A's rollout (100 s on nodes 0 and 1) moves its last 40 % onto node 0; B's rollout
+    (50 s on node 1) starts at 60 s instead of 100 s, and the period drops from 150 s (node
+    1 busy 100 + 50 s) to 120 s (A's own chain)."""
+    a, b = Seat(100, 20, (0, 1), (10,), 0.4, (0,)), Seat(50, 20, (1,), (11,))
+    assert steady_state([a, b]).periods == pytest.approx((120.0, 120.0))
+    assert steady_state([replace(a, tail_share=0.0, tail_nodes=()), b]).periods == pytest.approx((150.0, 150.0))
+    first = [r for r in timeline([a, b], 1) if r.phase == "rollout"]
+    runs = [(r.seat, r.start, r.end, r.nodes) for r in first]
+    assert runs == [(0, 0, 100, (0,)), (0, 0, 60, (1,)), (1, 60, 110, (1,))]
+
+
+def test_periods_with_moved_tails_equal_an_independent_event_simulation_on_2500_random_groups():
+    """Real-valued times, random tail shares and tail nodes, co-located seats among them:
+    the repeated-state period, the cycle mean and the event simulation agree to 1e-9."""
+    rng = random.Random(29)
+    with_tails = 0
+    for _ in range(2_500):
+        seats = random_group(rng, tails=True)
+        with_tails += any(s.tail_nodes for s in seats)
+        order, state = fcfs_order(seats), steady_state(seats)
+        for members in components(seats):
+            sub, sub_order = subgroup(seats, order, members)
+            expected = simulated_period(sub, sub_order)
+            assert close(state.periods[members[0]], expected), seats
+            assert close(max_cycle_mean(round_matrix(sub, sub_order)), expected), seats
+    assert with_tails >= 1_000
+
+
+def test_a_moved_tail_never_lengthens_a_period_in_the_same_order():
+    rng = random.Random(291)
+    for _ in range(1_000):
+        seats = random_group(rng, tails=True)
+        order = fcfs_order([replace(s, tail_share=0.0, tail_nodes=()) for s in seats])
+        plain = steady_state([replace(s, tail_share=0.0, tail_nodes=()) for s in seats], order)
+        tailed = steady_state(seats, order)
+        assert all(t <= p * (1 + 1e-12) for t, p in zip(tailed.periods, plain.periods, strict=True)), seats
+
+
+def test_no_node_serves_two_phases_at_once_with_moved_tails():
+    rng = random.Random(292)
+    for _ in range(300):
+        seats = random_group(rng, tails=True)
+        busy: dict[int, list[tuple[float, float]]] = {}
+        for run in timeline(seats, iterations=8):
+            for node in run.nodes:
+                busy.setdefault(node, []).append((run.start, run.end))
+        for intervals in busy.values():
+            intervals.sort()
+            assert all(b[0] >= a[1] - 1e-9 for a, b in zip(intervals, intervals[1:], strict=False)), seats
+
+
+def tailed(i: int, rollout: float, train: float, slo: float, width: int, share: float, resume: float = 0.0) -> JobSpec:
+    return JobSpec(
+        f"j{i}",
+        PhaseTime.fixed(rollout),
+        PhaseTime.fixed(train),
+        slo,
+        rollout_width=width,
+        train_width=1,
+        rollout_mem_gb=100.0,
+        train_mem_gb=100.0,
+        tail=RolloutTail(share=share, resume_s=resume) if share else None,
+    )
+
+
+def test_a_member_moves_its_tail_only_from_a_rollout_wider_than_the_tail():
+    wide, narrow = tailed(0, 100, 20, 1.5, 2, 0.3, 5.0), tailed(1, 100, 20, 1.5, 1, 0.3, 5.0)
+    seat = Member(wide, (3, 4), (9,)).seat(PLANNING)
+    assert (seat.rollout_s, seat.tail_nodes) == (105.0, (3,))
+    assert seat.tail_share == pytest.approx(35.0 / 105.0)  # 30 % of 100 s, plus the 5 s resumption
+    assert wide.planned_iteration(PLANNING) == 125.0 and wide.solo_iteration() == 120.0
+    assert wide.rollout_node_seconds(100.0) == 2 * 105.0 - 35.0
+    assert Member(narrow, (3,), (9,)).seat(PLANNING) == Seat(100.0, 20.0, (3,), (9,))
+    assert Member(wide, (9,), (9,), colocated=True).seat(PLANNING).tail_nodes == ()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("share", 1.0, "tail share must be in [0, 1)"),
+        ("nodes", 0, "tail nodes must be >= 1"),
+        ("threshold", 1.0, "tail threshold must be in (0, 1)"),
+        ("resume_s", -1.0, "tail resume_s must be >= 0"),
+    ],
+)
+def test_a_tail_out_of_range_is_refused_naming_the_field(field, value, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        RolloutTail(**{"share": 0.3, field: value})
+
+
+drawn_jobs = st.lists(
+    st.tuples(
+        st.integers(20, 400),
+        st.integers(20, 400),
+        st.floats(1.0, 2.0),
+        st.sampled_from([1, 2, 3]),
+        st.sampled_from([0.0, 0.2, 0.5, 0.8]),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(drawn_jobs)
+def test_with_tails_the_bound_stays_below_the_optimum_and_tails_cost_no_more(drawn):
+    """The bound counts a tailed rollout's nodes by their mean load (exact work) and their
+    least (crowds): still a bound. With no resumption, a moved tail only frees nodes
+    earlier, so the optimum with tails is never dearer than without."""
+    jobs = [tailed(i, r, t, s, w, share) for i, (r, t, s, w, share) in enumerate(drawn)]
+    best = optimum(jobs, COST, PLANNING, colocate=True).cost_per_hour
+    assert lower_bound(jobs, COST, PLANNING).value <= best + 1e-6
+    plain = [replace(j, tail=None) for j in jobs]
+    assert best <= optimum(plain, COST, PLANNING, colocate=True).cost_per_hour + 1e-6
+
+
+def test_with_long_tail_gives_wide_rollouts_a_tail_on_a_fifth_of_their_nodes():
+    jobs = tuple(TraceJob(tailed(i, 100, 20, 1.5, w, 0.0), 0.0, 3600.0) for i, w in enumerate((1, 2, 6)))
+    trace = with_long_tail(Trace(jobs), 0.3, 5.0)
+    tails = [j.spec.tail for j in trace.jobs]
+    assert [t.nodes for t in tails] == [1, 1, 2] and all(t.share == 0.3 and t.resume_s == 5.0 for t in tails)
+    assert [j.spec.moves_tail for j in trace.jobs] == [False, True, True]
+    assert fluid_lower_bound_usd(trace) < fluid_lower_bound_usd(Trace(jobs))
+
+
+def test_the_control_engine_refuses_long_tails_it_cannot_run():
+    trace = Path(__file__).parents[1] / "data" / "traces" / "production-200jobs.trace"
+    told = CliRunner().invoke(app, ["simulate", str(trace), "--engine", "control", "--long-tail", "0.3"])
+    said = " ".join(told.output.split())
+    assert told.exit_code == 2 and "--long-tail needs the fast engine" in said, said
