@@ -148,7 +148,8 @@ def simulate(
             max=0.95,
             help="Model long-tail rollout migration (fast engine; the live plane does not run it yet): the share "
             "of each rollout's time its last 20 % of requests take, moved onto a fifth of its nodes (at least one) "
-            "so that its other nodes go to the next rollout; rollouts of one node move nothing. 0: off",
+            "so that its other nodes go to the next rollout, which starts on the nodes it gets; rollouts of one node "
+            "move nothing. 0: off",
         ),
     ] = 0.0,
     tail_resume_s: Annotated[

@@ -184,8 +184,9 @@ class Bound:
 class _Mode:
     """One way to run a job: its chain, and per pool its per-node load, width and
     resident state per node (rollout width 0: co-located, no rollout node). A rollout that
-    moves its tail loads its nodes unevenly: ``rollout_load`` is their mean (the work is
-    exact) and ``rollout_least`` the least of them (the crowd counts stay lower bounds)."""
+    moves its tail is elastic, its work shared out over its nodes as they come free:
+    ``rollout_load`` is their mean (the work is exact) and ``rollout_least`` 0, since no
+    node is sure to carry any of it (the crowd counts stay lower bounds)."""
 
     chain: float
     train_load: float
@@ -212,7 +213,7 @@ class _Job:
         if spec.moves_tail:
             tail = spec.tail
             assert tail is not None
-            whole, least = tail.rollout_s(rollout), tail.rollout_s(rollout) - tail.tail_s(rollout)
+            whole, least = tail.rollout_s(rollout), 0.0
         disagg = _Mode(
             whole + train,
             train,

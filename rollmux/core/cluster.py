@@ -42,8 +42,7 @@ class Member:
     colocated: bool = False
 
     def seat(self, planning: Planning) -> Seat:
-        """Its planned phases on its nodes; a rollout tail, when it has one to move, held
-        by its first rollout nodes."""
+        """Its planned phases on its nodes; an elastic rollout when it has a tail to move."""
         rollout, train = self.phases()
         planned, train_s = rollout.planned(planning), train.planned(planning)
         tail = self.job.tail
@@ -51,7 +50,7 @@ class Member:
             return Seat(planned, train_s, self.rollout_nodes, self.train_nodes)
         whole = tail.rollout_s(planned)
         share = tail.tail_s(planned) / whole if whole > 0 else 0.0
-        return Seat(whole, train_s, self.rollout_nodes, self.train_nodes, share, self.rollout_nodes[: tail.nodes])
+        return Seat(whole, train_s, self.rollout_nodes, self.train_nodes, share, tail.nodes)
 
     def resident_gb(self, node: int) -> float:
         """Host memory the member's state takes on ``node``, as residency counts it (a

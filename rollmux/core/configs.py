@@ -138,8 +138,8 @@ class Config:
 @dataclass(frozen=True)
 class _Job:
     """The numbers the search needs of one job, disaggregated and co-located. A rollout
-    that moves its tail lasts ``rollout_s`` (its chain) but loads its nodes by
-    ``rollout_load`` on average and ``rollout_least`` at least (its non-tail nodes)."""
+    that moves its tail lasts ``rollout_s`` (its chain) but is elastic: it loads its nodes
+    by ``rollout_load`` on average and by ``rollout_least`` (0) at least on any one."""
 
     spec: JobSpec
     rollout_s: float
@@ -156,7 +156,7 @@ class _Job:
         if spec.moves_tail:
             tail = spec.tail
             assert tail is not None
-            whole, least = tail.rollout_s(rollout), tail.rollout_s(rollout) - tail.tail_s(rollout)
+            whole, least = tail.rollout_s(rollout), 0.0
         return _Job(
             spec,
             whole,

@@ -11,13 +11,20 @@ the state before it. Its period is the matrix's maximum cycle mean (Karp's theor
 whatever the start-up transient. Most groups repeat their state, up to a common shift,
 within a few meta-iterations: the event simulation finds the period that way first, and
 the cycle mean is computed only for those whose transient is longer.
+
+An *elastic* rollout (long-tail migration, DESIGN.md 5b) is not max-plus linear: it starts
+on each of its nodes as that node comes free, shares its head's work out over the nodes it
+has (water-filling), and runs its tail on its earliest nodes, freeing the others. A group
+with one keeps the event simulation, iterated until its state repeats up to a common shift
+(it converges geometrically) within ``_ELASTIC_ROUNDS``; past that, each seat's mean pace
+over the last rounds (an elastic job can leave a shared node behind and run at its own pace).
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from rollmux.core.spec import PhaseTime
@@ -29,6 +36,10 @@ _REL_TOL = 1e-9
 _MAX_CYCLICITY = 8
 _QUICK_ROUNDS = 24
 """Meta-iterations the event simulation tries before the period is computed as a cycle mean."""
+_ELASTIC_ROUNDS = 3000
+"""Meta-iterations a group with an elastic rollout is simulated at most."""
+_ELASTIC_MEAN_OVER = 1000
+"""Rounds whose mean growth gives the periods when the growth never repeated (a long cycle)."""
 _NONE = float("-inf")
 
 
@@ -36,9 +47,11 @@ _NONE = float("-inf")
 class Seat:
     """One job's place in a group: its planned phase times and the nodes of each phase.
 
-    A co-located job names the same nodes for both phases. A rollout with a moved tail
-    (``tail_nodes``, a subset of its rollout nodes) frees its other rollout nodes for the
-    last ``tail_share`` of its time; the training still waits for the whole rollout.
+    A co-located job names the same nodes for both phases. An elastic rollout
+    (``tail_width`` > 0) moves its tail: the first ``1 - tail_share`` of its time on all its
+    nodes is work shared out over the nodes it has, so it starts on each as that node comes
+    free; the last ``tail_share`` runs on ``tail_width`` of them (the earliest it got), the
+    others free for the next rollout. Its training still waits for the whole rollout.
     """
 
     rollout_s: float
@@ -46,15 +59,64 @@ class Seat:
     rollout_nodes: tuple[int, ...]
     train_nodes: tuple[int, ...]
     tail_share: float = 0.0
-    tail_nodes: tuple[int, ...] = ()
+    tail_width: int = 0
 
     @property
     def solo_s(self) -> float:
         return self.rollout_s + self.train_s
 
-    def release_share(self, node: int) -> float:
-        """Share of the rollout's time after which ``node`` is free for the next phase."""
-        return 1.0 - self.tail_share if self.tail_nodes and node not in self.tail_nodes else 1.0
+    @property
+    def elastic(self) -> bool:
+        return self.tail_width > 0
+
+    def rollout_node_s(self, rollout_s: float | None = None) -> float:
+        """Node-seconds its rollout (of ``rollout_s``, default its own) takes in all."""
+        seconds = self.rollout_s if rollout_s is None else rollout_s
+        if not self.elastic:
+            return len(self.rollout_nodes) * seconds
+        return seconds * (len(self.rollout_nodes) * (1 - self.tail_share) + self.tail_width * self.tail_share)
+
+
+@dataclass(frozen=True)
+class Visit:
+    """A rollout on its nodes: when it ends, and when each node's part began and ended."""
+
+    end: float
+    nodes: dict[int, tuple[float, float]]
+
+    @property
+    def start(self) -> float:
+        return min(begin for begin, _ in self.nodes.values())
+
+
+def rollout_visit(seat: Seat, rollout_s: float, ready: float, free: Mapping[int, float]) -> Visit:
+    """The seat's rollout of ``rollout_s`` seconds, its job ready at ``ready``, each node
+    free at ``free[node]``. A whole rollout starts once every node is free and holds them
+    all to its end. An elastic one starts on each node as it comes free; its head (the
+    first ``1 - tail_share`` of its time on all its nodes, as node-seconds) ends when the
+    nodes it has have done that work together; its tail then runs on its earliest
+    ``tail_width`` nodes (once the last of those is free) and its other nodes are free.
+    A node that comes free only after the head is over is passed at once."""
+    if not seat.elastic:
+        start = max(ready, *(free[n] for n in seat.rollout_nodes))
+        return Visit(start + rollout_s, dict.fromkeys(seat.rollout_nodes, (start, start + rollout_s)))
+    joins = sorted((max(ready, free[n]), n) for n in seat.rollout_nodes)
+    head_end = _filled([at for at, _ in joins], len(joins) * (1 - seat.tail_share) * rollout_s)
+    tail_start = max(head_end, joins[seat.tail_width - 1][0])
+    end = tail_start + seat.tail_share * rollout_s
+    nodes = {n: (at, end) if rank < seat.tail_width else (at, max(at, head_end)) for rank, (at, n) in enumerate(joins)}
+    return Visit(end, nodes)
+
+
+def _filled(joins: Sequence[float], work: float) -> float:
+    """When nodes joining at ``joins`` (ascending) have done ``work`` node-seconds together."""
+    total = 0.0
+    for count, at in enumerate(joins, start=1):
+        total += at
+        done = (work + total) / count
+        if count == len(joins) or done <= joins[count]:
+            return done
+    raise ValueError("a rollout without nodes")
 
 
 @dataclass(frozen=True)
@@ -102,24 +164,41 @@ def node_load(seats: Sequence[Seat]) -> dict[int, float]:
     """Seconds of work each node must serve per meta-iteration."""
     load: dict[int, float] = {}
     for seat in seats:
-        for node in seat.rollout_nodes:
-            load[node] = load.get(node, 0.0) + seat.rollout_s * seat.release_share(node)
+        for node in seat.rollout_nodes:  # an elastic rollout's nodes share its work evenly on average
+            load[node] = load.get(node, 0.0) + seat.rollout_node_s() / len(seat.rollout_nodes)
         for node in seat.train_nodes:
             load[node] = load.get(node, 0.0) + seat.train_s
     return load
 
 
 def lower_bounds(seats: Sequence[Seat]) -> tuple[float, float]:
-    """(T1, T2): the longest dependency chain and the most loaded node, per meta-iteration."""
+    """(T1, T2): the longest dependency chain and the most loaded node, per meta-iteration.
+
+    An elastic rollout's share of each node is not fixed, so T2 counts its work on no
+    single node: it is the most any node serves of the other phases, or the work that the
+    rollout nodes of an elastic seat must serve among them (every elastic rollout within
+    those nodes, and the other phases on them) over their number."""
     t1 = max((s.solo_s for s in seats), default=0.0)
-    t2 = max(node_load(seats).values(), default=0.0)
+    fixed = node_load([s for s in seats if not s.elastic])
+    for seat in seats:
+        if seat.elastic:
+            for node in seat.train_nodes:
+                fixed[node] = fixed.get(node, 0.0) + seat.train_s
+    t2 = max(fixed.values(), default=0.0)
+    for seat in seats:
+        if seat.elastic:
+            span = set(seat.rollout_nodes)
+            inside = sum(s.rollout_node_s() for s in seats if s.elastic and span.issuperset(s.rollout_nodes))
+            t2 = max(t2, (inside + sum(fixed.get(n, 0.0) for n in span)) / len(span))
     return t1, t2
 
 
 def fcfs_order(seats: Sequence[Seat]) -> Order:
     """First-come-first-served order of the first meta-iteration, kept as the cycle.
 
-    Rollouts queue in seat (arrival) order; trainings queue in the order rollouts end.
+    Rollouts queue in seat (arrival) order; trainings queue in the order rollouts end,
+    taken as if no rollout moved its tail: the same order with and without tails, so that
+    moving tails only frees nodes earlier and never lengthens a period.
     """
     rollout = tuple(range(len(seats)))
     free: dict[int, float] = {}
@@ -128,7 +207,7 @@ def fcfs_order(seats: Sequence[Seat]) -> Order:
         start = max((free.get(n, 0.0) for n in seats[i].rollout_nodes), default=0.0)
         rollout_end[i] = start + seats[i].rollout_s
         for n in seats[i].rollout_nodes:
-            free[n] = start + seats[i].rollout_s * seats[i].release_share(n)
+            free[n] = rollout_end[i]
     train = tuple(sorted(rollout, key=lambda i: (rollout_end[i], i)))
     return Order(rollout=rollout, train=train)
 
@@ -137,10 +216,22 @@ Durations = Callable[[], tuple[Sequence[float], Sequence[float]]]
 """Draws one meta-iteration's (rollout, training) seconds for every seat."""
 
 
-def _rounds(
-    seats: Sequence[Seat], order: Order, durations: Durations | None = None
-) -> Iterator[tuple[list[float], list[float], tuple[float, ...]]]:
-    """Yield (rollout starts, train starts, state) for each meta-iteration.
+@dataclass(frozen=True)
+class _Round:
+    """One meta-iteration: every seat's rollout and training, and the state after it."""
+
+    rollouts: list[Visit]
+    train_start: list[float]
+    train_end: list[float]
+    state: tuple[float, ...]
+
+    @property
+    def rollout_start(self) -> list[float]:
+        return [visit.start for visit in self.rollouts]
+
+
+def _rounds(seats: Sequence[Seat], order: Order, durations: Durations | None = None) -> Iterator[_Round]:
+    """Yield each meta-iteration.
 
     Phase times are the seats' own unless ``durations`` draws them afresh every
     meta-iteration. The state is every node's free time followed by every seat's training
@@ -152,22 +243,19 @@ def _rounds(
     planned = ([s.rollout_s for s in seats], [s.train_s for s in seats])
     while True:
         rollout_s, train_s = durations() if durations else planned
-        rollout_start = [0.0] * len(seats)
+        rollouts = [Visit(0.0, {})] * len(seats)
         train_start = [0.0] * len(seats)
         for i in order.rollout:
-            seat = seats[i]
-            start = max(train_end[i], *(free[n] for n in seat.rollout_nodes))
-            rollout_start[i] = start
-            for n in seat.rollout_nodes:
-                free[n] = start + rollout_s[i] * seat.release_share(n)
+            rollouts[i] = rollout_visit(seats[i], rollout_s[i], train_end[i], free)
+            free.update({n: end for n, (_, end) in rollouts[i].nodes.items()})
         for i in order.train:
             seat = seats[i]
-            start = max(rollout_start[i] + rollout_s[i], *(free[n] for n in seat.train_nodes))
+            start = max(rollouts[i].end, *(free[n] for n in seat.train_nodes))
             train_start[i] = start
             train_end[i] = start + train_s[i]
             for n in seat.train_nodes:
                 free[n] = train_end[i]
-        yield rollout_start, train_start, (*(free[n] for n in nodes), *train_end)
+        yield _Round(rollouts, train_start, list(train_end), (*(free[n] for n in nodes), *train_end))
 
 
 def realised_periods(
@@ -187,7 +275,7 @@ def realised_periods(
     def draw() -> tuple[list[float], list[float]]:
         return [r.sample(rng) for r, _ in phases], [t.sample(rng) for _, t in phases]
 
-    starts = [start for start, _, _ in itertools.islice(_rounds(seats, order, draw), rounds)]
+    starts = [step.rollout_start for step in itertools.islice(_rounds(seats, order, draw), rounds)]
     span = rounds - 1 - warmup
     return tuple((starts[-1][i] - starts[warmup][i]) / span for i in range(len(seats)))
 
@@ -233,17 +321,40 @@ def components(seats: Sequence[Seat]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _component_period(seats: Sequence[Seat], order: Order) -> float:
+def _component_period(seats: Sequence[Seat], order: Order) -> tuple[float, ...]:
     """Exact period of a connected set of seats: found when the state repeats within a few
-    meta-iterations (most groups), else the maximum cycle mean of the round's matrix."""
+    meta-iterations (most groups), else the maximum cycle mean of the round's matrix. With
+    an elastic rollout, see :func:`_elastic_periods`."""
+    if any(s.elastic for s in seats):
+        return _elastic_periods(seats, order)
     history: list[tuple[float, ...]] = []
-    for k, (_, _, state) in enumerate(itertools.islice(_rounds(seats, order), _QUICK_ROUNDS)):
-        history.append(state)
+    for k, step in enumerate(itertools.islice(_rounds(seats, order), _QUICK_ROUNDS)):
+        history.append(step.state)
         for c in range(1, min(_MAX_CYCLICITY, k) + 1):
-            shift = _common_shift(state, history[k - c])
+            shift = _common_shift(step.state, history[k - c])
             if shift is not None:
-                return shift / c
-    return max_cycle_mean(round_matrix(seats, order))
+                return (shift / c,) * len(seats)
+    return (max_cycle_mean(round_matrix(seats, order)),) * len(seats)
+
+
+def _elastic_periods(seats: Sequence[Seat], order: Order) -> tuple[float, ...]:
+    """Each seat's period in a group with an elastic rollout: one period once the state
+    repeats up to a common shift (it converges geometrically), within ``_ELASTIC_ROUNDS``.
+    Otherwise each seat's own: the mean growth of its training ends over the last
+    ``_ELASTIC_MEAN_OVER`` rounds. Seats can keep different paces: an elastic job may leave
+    behind a node it shares, starting without it and passing it when it comes free too late.
+    A state growing at two paces for a few rounds may still be a transient, so only the
+    long mean tells them apart."""
+    ends: list[list[float]] = []
+    history: list[tuple[float, ...]] = []
+    for k, step in enumerate(itertools.islice(_rounds(seats, order), _ELASTIC_ROUNDS)):
+        ends.append(step.train_end)
+        history.append(step.state)
+        for c in range(1, min(_MAX_CYCLICITY, k) + 1):
+            shift = _common_shift(step.state, history[k - c])
+            if shift is not None:
+                return (shift / c,) * len(seats)
+    return tuple((a - b) / _ELASTIC_MEAN_OVER for a, b in zip(ends[-1], ends[-1 - _ELASTIC_MEAN_OVER], strict=True))
 
 
 Form = dict[int, float]
@@ -253,17 +364,19 @@ Form = dict[int, float]
 def round_matrix(seats: Sequence[Seat], order: Order) -> list[Form]:
     """One meta-iteration as a max-plus matrix: row ``j`` gives the next state's entry ``j``
     (nodes' free times in node order, then the seats' training ends) as a form over the
-    current state. The same steps as :func:`_rounds`, on forms instead of numbers."""
+    current state. The same steps as :func:`_rounds`, on forms instead of numbers. An
+    elastic rollout has none (its head's end is not max-plus in its nodes' free times)."""
+    if any(s.elastic for s in seats):
+        raise ValueError("a group with an elastic rollout is not max-plus linear")
     nodes = sorted({n for s in seats for n in (*s.rollout_nodes, *s.train_nodes)})
     free: dict[int, Form] = {n: {k: 0.0} for k, n in enumerate(nodes)}
     train_end: list[Form] = [{len(nodes) + i: 0.0} for i in range(len(seats))]
     rollout_end: list[Form] = [{} for _ in seats]
     for i in order.rollout:
         seat = seats[i]
-        start = _max(train_end[i], *(free[n] for n in seat.rollout_nodes))
-        rollout_end[i] = _plus(start, seat.rollout_s)
+        rollout_end[i] = _plus(_max(train_end[i], *(free[n] for n in seat.rollout_nodes)), seat.rollout_s)
         for n in seat.rollout_nodes:
-            free[n] = _plus(start, seat.rollout_s * seat.release_share(n))
+            free[n] = rollout_end[i]
     for i in order.train:
         seat = seats[i]
         train_end[i] = _plus(_max(rollout_end[i], *(free[n] for n in seat.train_nodes)), seat.train_s)
@@ -313,8 +426,7 @@ def steady_state(seats: Sequence[Seat], order: Order | None = None) -> SteadySta
     order = order or fcfs_order(seats)
     periods = [0.0] * len(seats)
     for members in components(seats):
-        period = _component_period(*subgroup(seats, order, members))
-        for i in members:
+        for i, period in zip(members, _component_period(*subgroup(seats, order, members)), strict=True):
             periods[i] = period
     t1, t2 = lower_bounds(seats)
     return SteadyState(periods=tuple(periods), t1=t1, t2=t2, busy_s=node_load(seats))
@@ -322,15 +434,17 @@ def steady_state(seats: Sequence[Seat], order: Order | None = None) -> SteadySta
 
 def timeline(seats: Sequence[Seat], iterations: int, order: Order | None = None) -> list[PhaseRun]:
     """Every phase of the first ``iterations`` meta-iterations, for tests and Gantt charts.
-    A rollout with a moved tail is two runs: on its tail nodes to its end, on its other
-    nodes until they are freed."""
+    An elastic rollout is one run per node it worked on (a node passed at once has none)."""
     order = order or fcfs_order(seats)
     runs: list[PhaseRun] = []
-    for k, (rollout_start, train_start, _) in zip(range(iterations), _rounds(seats, order), strict=False):
+    for k, step in zip(range(iterations), _rounds(seats, order), strict=False):
         for i, seat in enumerate(seats):
-            start = rollout_start[i]
-            for share in sorted({seat.release_share(n) for n in seat.rollout_nodes}, reverse=True):
-                nodes = tuple(n for n in seat.rollout_nodes if seat.release_share(n) == share)
-                runs.append(PhaseRun(i, ROLLOUT, k, start, start + seat.rollout_s * share, nodes))
-            runs.append(PhaseRun(i, TRAIN, k, train_start[i], train_start[i] + seat.train_s, seat.train_nodes))
+            visit = step.rollouts[i]
+            if seat.elastic:
+                for node, (begin, end) in sorted(visit.nodes.items()):
+                    if end > begin:
+                        runs.append(PhaseRun(i, ROLLOUT, k, begin, end, (node,)))
+            else:
+                runs.append(PhaseRun(i, ROLLOUT, k, visit.start, visit.end, seat.rollout_nodes))
+            runs.append(PhaseRun(i, TRAIN, k, step.train_start[i], step.train_end[i], seat.train_nodes))
     return runs

@@ -108,13 +108,13 @@ class RolloutTail:
     """The long tail of a job's rollout and its migration (DESIGN.md 5b).
 
     Response lengths are long-tailed: once ``threshold`` of a rollout's requests are done,
-    the unfinished ones move onto ``nodes`` of the job's rollout nodes (its first ones),
-    which run the last ``share`` of the rollout's time, plus ``resume_s`` for the moved
-    requests to resume there (their prompts and tokens so far prefilled again). The job's
-    other rollout nodes are free from that moment for the next rollout in the group's turns,
-    which starts once all of its own nodes are free (it waits for its full width: grants
-    stay whole). A rollout on no more than ``nodes`` nodes, or co-located, has no tail to
-    move and runs as if it had none.
+    the unfinished ones move onto ``nodes`` of the job's rollout nodes, which run the last
+    ``share`` of the rollout's time, plus ``resume_s`` for the moved requests to resume
+    there (their prompts and tokens so far prefilled again). The job's other rollout nodes
+    are free from that moment for the next rollout in the group's turns, which starts on
+    the nodes it gets and takes the others as they come free (engines pulling requests from
+    the job's queue: the head's work is shared out over the nodes it has). A rollout on no
+    more than ``nodes`` nodes, or co-located, has no tail to move and runs as if it had none.
     """
 
     share: float

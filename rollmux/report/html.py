@@ -109,7 +109,7 @@ def group_gantt(data: dict[str, Any], path: Path, iterations: int = 3) -> Path |
             tuple(e["rollout_nodes"]),
             tuple(e["train_nodes"]),
             e.get("tail_share", 0.0),
-            tuple(e.get("tail_nodes", ())),
+            e.get("tail_width", 0),
         )
         for e in example
     ]
