@@ -31,10 +31,11 @@ from rollmux.core.roundrobin import (
     subgroup,
     timeline,
 )
-from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, RolloutTail
+from rollmux.core.spec import CostModel, JobSpec, Planning, RolloutTail
 from rollmux.inputs.trace import Trace, TraceJob
 from rollmux.sim.simulator import fluid_lower_bound_usd, with_long_tail
 from tests.independent_schedule import random_group, simulated_periods
+from tests.test_bound import job
 
 COST = CostModel()
 PLANNING = Planning.P95
@@ -117,17 +118,9 @@ def test_no_node_serves_two_phases_at_once_with_moved_tails():
 
 
 def tailed(i: int, rollout: float, train: float, slo: float, width: int, share: float, resume: float = 0.0) -> JobSpec:
-    return JobSpec(
-        f"j{i}",
-        PhaseTime.fixed(rollout),
-        PhaseTime.fixed(train),
-        slo,
-        rollout_width=width,
-        train_width=1,
-        rollout_mem_gb=100.0,
-        train_mem_gb=100.0,
-        tail=RolloutTail(share=share, resume_s=resume) if share else None,
-    )
+    """A job of ``width`` rollout nodes and one trainer, with a tail of ``share`` (0: none)."""
+    tail = RolloutTail(share=share, resume_s=resume) if share else None
+    return replace(job(i, rollout, train, slo, mem=100.0, width=width), train_width=1, tail=tail)
 
 
 def test_a_member_moves_its_tail_only_from_a_rollout_wider_than_the_tail():
