@@ -191,3 +191,10 @@ def test_the_control_engine_refuses_long_tails_it_cannot_run():
     told = CliRunner().invoke(app, ["simulate", str(trace), "--engine", "control", "--long-tail", "0.3"])
     said = " ".join(told.output.split())
     assert told.exit_code == 2 and "--long-tail needs the fast engine" in said, said
+
+
+def test_a_resumption_time_without_long_tail_is_refused():
+    trace = Path(__file__).parents[1] / "data" / "traces" / "production-200jobs.trace"
+    told = CliRunner().invoke(app, ["simulate", str(trace), "--tail-resume-s", "3"])
+    said = " ".join(told.output.split())
+    assert told.exit_code == 2 and "--tail-resume-s needs --long-tail" in said, said

@@ -153,14 +153,14 @@ def simulate(
         ),
     ] = 0.0,
     tail_resume_s: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=0.0,
             max=3600.0,
             help="With --long-tail: seconds the moved requests take to resume on the tail nodes "
             "(an assumption, not measured; default 5)",
         ),
-    ] = 5.0,
+    ] = None,
     engine: Annotated[
         Engine,
         typer.Option(
@@ -230,7 +230,7 @@ def simulate(
     from rollmux.core.regroup import RegroupConfig
     from rollmux.report.plots import cost_rate_plot
     from rollmux.sim.compare import compare
-    from rollmux.sim.simulator import Realisation, with_long_tail, with_rollout_cv
+    from rollmux.sim.simulator import LONG_TAIL_RESUME_S, Realisation, with_long_tail, with_rollout_cv
 
     names = _policy_names(policies)
     failure_model = _failure_model(
@@ -244,6 +244,8 @@ def simulate(
     )
     if faults and engine is not Engine.CONTROL:
         raise typer.BadParameter("--faults needs --engine control (the fast engine injects --mtbf-hours)")
+    if tail_resume_s is not None and not long_tail:
+        raise typer.BadParameter("--tail-resume-s needs --long-tail (no rollout moves its tail without it)")
     if long_tail and engine is Engine.CONTROL:
         raise typer.BadParameter(
             "--long-tail needs the fast engine: the live control plane (and so --engine control) does not "
@@ -252,7 +254,7 @@ def simulate(
     fault_plan = Faults(seed=seed) if faults else None
     loaded = _load_trace(trace, profile, slo_uniform, seed)
     if long_tail:
-        loaded = with_long_tail(loaded, long_tail, tail_resume_s)
+        loaded = with_long_tail(loaded, long_tail, LONG_TAIL_RESUME_S if tail_resume_s is None else tail_resume_s)
     realise = None
     if rollout_cv > 0:
         loaded, realise = with_rollout_cv(loaded, rollout_cv), Realisation(seed=seed)
