@@ -12,6 +12,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -198,3 +199,14 @@ def test_a_resumption_time_without_long_tail_is_refused():
     told = CliRunner().invoke(app, ["simulate", str(trace), "--tail-resume-s", "3"])
     said = " ".join(told.output.split())
     assert told.exit_code == 2 and "--tail-resume-s needs --long-tail" in said, said
+
+
+@pytest.mark.parametrize(("sigma", "requests"), [(0.2, 512), (0.32, 512), (0.5, 64)])
+def test_the_share_of_a_lognormal_tail_matches_drawn_rollouts(sigma, requests):
+    """Rollouts drawn from the named distribution (all requests decoding at one pace): the
+    share of the time after 80 % of them are done, against the closed form."""
+    rng = np.random.default_rng(7)
+    lengths = rng.lognormal(0.0, sigma, size=(4_000, requests))
+    drawn = 1.0 - np.quantile(lengths, 0.8, axis=1) / lengths.max(axis=1)
+    assert RolloutTail.lognormal_share(sigma, requests) == pytest.approx(drawn.mean(), rel=0.05)
+    assert RolloutTail.lognormal_share(0.0, requests) == 0.0

@@ -132,6 +132,19 @@ class RolloutTail:
         if self.resume_s < 0:
             raise ValueError(f"tail resume_s must be >= 0, got {self.resume_s}")
 
+    @staticmethod
+    def lognormal_share(sigma: float, requests: int, threshold: float = 0.8) -> float:
+        """The share of a rollout's time its last ``1 - threshold`` of requests take when
+        response lengths are lognormal of shape ``sigma`` and all ``requests`` decode at
+        once at one pace (a batch that fits its engines): the rollout ends with its longest
+        response (its expected order statistic, by Blom's approximation) and the threshold
+        is reached at that quantile of the lengths. An assumed distribution, named as such
+        wherever a share from it is used."""
+        if sigma < 0 or requests < 1 or not 0.0 < threshold < 1.0:
+            raise ValueError("sigma must be >= 0, requests >= 1 and threshold in (0, 1)")
+        longest = NormalDist().inv_cdf((requests - 0.375) / (requests + 0.25)) if requests > 1 else 0.0
+        return max(0.0, 1.0 - math.exp(sigma * (NormalDist().inv_cdf(threshold) - longest)))
+
     def applies(self, width: int) -> bool:
         """Whether a rollout ``width`` nodes wide frees any node by moving its tail."""
         return width > self.nodes and self.share > 0
