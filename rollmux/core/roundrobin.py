@@ -36,9 +36,9 @@ _REL_TOL = 1e-9
 _MAX_CYCLICITY = 8
 _QUICK_ROUNDS = 24
 """Meta-iterations the event simulation tries before the period is computed as a cycle mean."""
-_ELASTIC_ROUNDS = 3000
+_ELASTIC_ROUNDS = 600
 """Meta-iterations a group with an elastic rollout is simulated at most."""
-_ELASTIC_MEAN_OVER = 1000
+_ELASTIC_MEAN_OVER = 300
 """Rounds whose mean growth gives the periods when the growth never repeated (a long cycle)."""
 _NONE = float("-inf")
 
