@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollmux.core.cluster import Cluster, Member
-from rollmux.core.configs import cheapest_config, with_colocated_times
+from rollmux.core.configs import cheapest_config, turn_order, with_colocated_times
 from rollmux.core.optimum import optimum
 from rollmux.core.placement import RollMuxPolicy, place
 from rollmux.core.regroup import JobProgress, RegroupConfig, RegroupState, apply_regroup, plan_regroup
@@ -52,7 +52,9 @@ def labelings(n: int) -> Iterator[tuple[int, ...]]:
 
 
 def oracle(jobs: list[JobSpec], colocate: bool = False) -> float:
-    """The cheapest SLO- and memory-feasible assignment of jobs to nodes, by brute force."""
+    """The cheapest SLO- and memory-feasible assignment of jobs to nodes, by brute force,
+    the jobs taking their turns in the order every exact search uses."""
+    jobs = turn_order(jobs)
     best = float("inf")
     n = len(jobs)
     for colocated in itertools.product((False, True) if colocate else (False,), repeat=n):

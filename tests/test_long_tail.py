@@ -168,9 +168,6 @@ def test_with_tails_the_bound_stays_below_the_optimum_and_tails_cost_no_more(dra
     """The bound counts a tailed rollout's nodes by their mean load (exact work) and their
     least (crowds): still a bound. With no resumption, a moved tail only frees nodes
     earlier, so the optimum with tails is never dearer than without."""
-    # Both search the turn order the bound's sets use (longest rollout first): with elastic
-    # rollouts a group's periods depend on its turn order more than without.
-    drawn = sorted(drawn, key=lambda d: -d[0])
     jobs = [tailed(i, r, t, s, w, share) for i, (r, t, s, w, share) in enumerate(drawn)]
     best = optimum(jobs, COST, PLANNING, colocate=True).cost_per_hour
     assert lower_bound(jobs, COST, PLANNING).value <= best + 1e-6

@@ -88,7 +88,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from rollmux.core.cluster import MAX_GROUP_JOBS
-from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phases
+from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phases, turn_order
 from rollmux.core.spec import CostModel, JobSpec, Planning, Pool
 
 _TOL = 1e-9
@@ -642,7 +642,7 @@ class _Exact:
         if not always and (self.left <= 0 or self.steps <= 0):
             return _UNKNOWN
         self.left -= 1
-        ordered = sorted(specs, key=lambda j: (-j.rollout.mean, j.name))
+        ordered = turn_order(specs)
         budget = self.steps_per_search if always else min(self.steps, self.steps_per_search)
         checks = Checks(steps=budget)
         found = cheapest_config(ordered, self.cost, self.planning, self.colocate, checks)

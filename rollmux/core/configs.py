@@ -167,6 +167,19 @@ class _Job:
         )
 
 
+def turn_order(jobs: Sequence[JobSpec]) -> list[JobSpec]:
+    """The order a group's jobs take their turns in, in every exact search (the first
+    rollout queues first; :func:`~rollmux.core.roundrobin.fcfs_order`): longest rollout
+    first, ties by name. A group's periods depend on its turn order, so the optimum, the
+    bound and regrouping search one configuration space only because they all use it."""
+    return sorted(jobs, key=turn_key)
+
+
+def turn_key(job: JobSpec) -> tuple[float, str]:
+    """Where the job comes in :func:`turn_order`."""
+    return -job.rollout.mean, job.name
+
+
 def cheapest_config(
     jobs: Sequence[JobSpec],
     cost: CostModel,

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from rollmux.core.cluster import MAX_GROUP_JOBS, Member
-from rollmux.core.configs import Config, cheapest_config
+from rollmux.core.configs import Config, cheapest_config, turn_key
 from rollmux.core.errors import ProblemTooLarge
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning
 
@@ -78,9 +78,11 @@ def set_partitions(items: Sequence[int]) -> Iterator[list[list[int]]]:
 def cheapest_group(
     jobs: Sequence[JobSpec], subset: Sequence[int], cost: CostModel, planning: Planning, colocate: bool = True
 ) -> GroupPlan | None:
-    """The cheapest feasible connected configuration of exactly these jobs, or None."""
-    config = cheapest_config([jobs[i] for i in subset], cost, planning, colocate)
-    return None if config is None else GroupPlan.of(config, subset)
+    """The cheapest feasible connected configuration of exactly these jobs in their
+    :func:`~rollmux.core.configs.turn_order` (the bound's and regrouping's), or None."""
+    ordered = sorted(subset, key=lambda i: turn_key(jobs[i]))
+    config = cheapest_config([jobs[i] for i in ordered], cost, planning, colocate)
+    return None if config is None else GroupPlan.of(config, ordered)
 
 
 MAX_OPTIMUM_JOBS = 12

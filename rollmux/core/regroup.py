@@ -61,7 +61,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from rollmux.core.cluster import MAX_GROUP_JOBS, Candidate, Cluster, Group
-from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phases
+from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phases, turn_order
 from rollmux.core.optimum import GroupPlan
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.roundrobin import steady_state
@@ -311,7 +311,7 @@ class RegroupState:
         if left < config.checks_per_config or steps <= 0:
             return None
         self.misses += 1
-        ordered = sorted(jobs, key=lambda j: (-j.rollout.mean, j.name))
+        ordered = turn_order(jobs)
         mine = Checks(config.checks_per_config, min(steps, config.steps_per_config))
         found = cheapest_config(ordered, cluster.cost, cluster.planning, config.colocate, mine, below)
         self.checks.left = left - (config.checks_per_config - (mine.left or 0))
