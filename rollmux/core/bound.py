@@ -208,21 +208,16 @@ class _Job:
 
     @staticmethod
     def of(spec: JobSpec, planning: Planning, colocate: bool) -> _Job:
-        rollout, train = spec.rollout.planned(planning), spec.train.planned(planning)
-        whole, least = rollout, rollout
-        if spec.moves_tail:
-            tail = spec.tail
-            assert tail is not None
-            whole, least = tail.rollout_s(rollout), 0.0
+        rollout = spec.planned_rollout(planning)
         disagg = _Mode(
-            whole + train,
-            train,
+            spec.planned_iteration(planning),
+            spec.train.planned(planning),
             spec.train_width,
             spec.train_mem_gb,
-            spec.rollout_node_seconds(rollout) / spec.rollout_width,
+            spec.rollout_node_seconds(spec.rollout.planned(planning)) / spec.rollout_width,
             spec.rollout_width,
             spec.rollout_mem_gb,
-            least,
+            0.0 if spec.moves_tail else rollout,
         )
         modes = [disagg]
         if colocate:

@@ -151,19 +151,14 @@ class _Job:
     @staticmethod
     def of(spec: JobSpec, planning: Planning) -> _Job:
         colo_r, colo_t = colocated_phases(spec)
-        rollout = spec.rollout.planned(planning)
-        whole, least = rollout, rollout
-        if spec.moves_tail:
-            tail = spec.tail
-            assert tail is not None
-            whole, least = tail.rollout_s(rollout), 0.0
+        rollout = spec.planned_rollout(planning)
         return _Job(
             spec,
-            whole,
+            rollout,
             spec.train.planned(planning),
             colo_r.planned(planning) + colo_t.planned(planning),
-            spec.rollout_node_seconds(rollout) / spec.rollout_width,
-            least,
+            spec.rollout_node_seconds(spec.rollout.planned(planning)) / spec.rollout_width,
+            0.0 if spec.moves_tail else rollout,
         )
 
 

@@ -26,6 +26,7 @@ import itertools
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rollmux.core.spec import PhaseTime
 
@@ -89,17 +90,15 @@ class Visit:
         return min(begin for begin, _ in self.nodes.values())
 
 
-def rollout_visit(seat: Seat, rollout_s: float, ready: float, free: Mapping[int, float]) -> Visit:
-    """The seat's rollout of ``rollout_s`` seconds, its job ready at ``ready``, each node
-    free at ``free[node]``. A whole rollout starts once every node is free and holds them
-    all to its end. An elastic one starts on each node as it comes free; its head (the
-    first ``1 - tail_share`` of its time on all its nodes, as node-seconds) ends when the
-    nodes it has have done that work together; its tail then runs on its earliest
-    ``tail_width`` nodes (once the last of those is free) and its other nodes are free.
-    A node that comes free only after the head is over is passed at once."""
-    if not seat.elastic:
-        start = max(ready, *(free[n] for n in seat.rollout_nodes))
-        return Visit(start + rollout_s, dict.fromkeys(seat.rollout_nodes, (start, start + rollout_s)))
+def elastic_visit(seat: Seat, rollout_s: float, ready: float, free: Mapping[int, float]) -> Visit:
+    """The seat's elastic rollout of ``rollout_s`` seconds, its job ready at ``ready``, each
+    node free at ``free[node]``. It starts on each node as that node comes free; its head
+    (the first ``1 - tail_share`` of its time on all its nodes, as node-seconds) ends when
+    the nodes it has have done that work together; its tail then runs on its earliest
+    ``tail_width`` nodes (once the last of those is free) and its other nodes are free. A
+    node that comes free only after the head is over is passed at once. (A whole rollout
+    starts once all its nodes are free and holds them to its end: :func:`_rounds` does that
+    inline, on the hot path of every steady state.)"""
     joins = sorted((max(ready, free[n]), n) for n in seat.rollout_nodes)
     head_end = _filled([at for at, _ in joins], len(joins) * (1 - seat.tail_share) * rollout_s)
     tail_start = max(head_end, joins[seat.tail_width - 1][0])
@@ -164,8 +163,10 @@ def node_load(seats: Sequence[Seat]) -> dict[int, float]:
     """Seconds of work each node must serve per meta-iteration."""
     load: dict[int, float] = {}
     for seat in seats:
-        for node in seat.rollout_nodes:  # an elastic rollout's nodes share its work evenly on average
-            load[node] = load.get(node, 0.0) + seat.rollout_node_s() / len(seat.rollout_nodes)
+        # An elastic rollout's nodes share its work evenly on average.
+        rollout = seat.rollout_node_s() / len(seat.rollout_nodes) if seat.tail_width else seat.rollout_s
+        for node in seat.rollout_nodes:
+            load[node] = load.get(node, 0.0) + rollout
         for node in seat.train_nodes:
             load[node] = load.get(node, 0.0) + seat.train_s
     return load
@@ -179,6 +180,8 @@ def lower_bounds(seats: Sequence[Seat]) -> tuple[float, float]:
     rollout nodes of an elastic seat must serve among them (every elastic rollout within
     those nodes, and the other phases on them) over their number."""
     t1 = max((s.solo_s for s in seats), default=0.0)
+    if not any(s.tail_width for s in seats):
+        return t1, max(node_load(seats).values(), default=0.0)
     fixed = node_load([s for s in seats if not s.elastic])
     for seat in seats:
         if seat.elastic:
@@ -216,18 +219,15 @@ Durations = Callable[[], tuple[Sequence[float], Sequence[float]]]
 """Draws one meta-iteration's (rollout, training) seconds for every seat."""
 
 
-@dataclass(frozen=True)
-class _Round:
-    """One meta-iteration: every seat's rollout and training, and the state after it."""
+class _Round(NamedTuple):
+    """One meta-iteration: every seat's rollout and training start, the state after it
+    (nodes' free times, then seats' training ends) and each elastic rollout's parts. A
+    named tuple: one is made per meta-iteration of every steady state."""
 
-    rollouts: list[Visit]
+    rollout_start: list[float]
     train_start: list[float]
-    train_end: list[float]
     state: tuple[float, ...]
-
-    @property
-    def rollout_start(self) -> list[float]:
-        return [visit.start for visit in self.rollouts]
+    elastic: dict[int, Visit]
 
 
 def _rounds(seats: Sequence[Seat], order: Order, durations: Durations | None = None) -> Iterator[_Round]:
@@ -241,21 +241,32 @@ def _rounds(seats: Sequence[Seat], order: Order, durations: Durations | None = N
     free = dict.fromkeys(nodes, 0.0)
     train_end = [0.0] * len(seats)
     planned = ([s.rollout_s for s in seats], [s.train_s for s in seats])
+    elastic_seats = frozenset(i for i, s in enumerate(seats) if s.elastic)
     while True:
         rollout_s, train_s = durations() if durations else planned
-        rollouts = [Visit(0.0, {})] * len(seats)
+        rollout_start = [0.0] * len(seats)
+        rollout_end = [0.0] * len(seats)
         train_start = [0.0] * len(seats)
+        elastic: dict[int, Visit] = {}
         for i in order.rollout:
-            rollouts[i] = rollout_visit(seats[i], rollout_s[i], train_end[i], free)
-            free.update({n: end for n, (_, end) in rollouts[i].nodes.items()})
+            seat = seats[i]
+            if i in elastic_seats:
+                visit = elastic[i] = elastic_visit(seat, rollout_s[i], train_end[i], free)
+                free.update({n: end for n, (_, end) in visit.nodes.items()})
+                rollout_start[i], rollout_end[i] = visit.start, visit.end
+                continue
+            start = max(train_end[i], *(free[n] for n in seat.rollout_nodes))
+            rollout_start[i], rollout_end[i] = start, start + rollout_s[i]
+            for n in seat.rollout_nodes:
+                free[n] = rollout_end[i]
         for i in order.train:
             seat = seats[i]
-            start = max(rollouts[i].end, *(free[n] for n in seat.train_nodes))
+            start = max(rollout_end[i], *(free[n] for n in seat.train_nodes))
             train_start[i] = start
             train_end[i] = start + train_s[i]
             for n in seat.train_nodes:
                 free[n] = train_end[i]
-        yield _Round(rollouts, train_start, list(train_end), (*(free[n] for n in nodes), *train_end))
+        yield _Round(rollout_start, train_start, (*(free[n] for n in nodes), *train_end), elastic)
 
 
 def realised_periods(
@@ -322,39 +333,27 @@ def components(seats: Sequence[Seat]) -> list[list[int]]:
 
 
 def _component_period(seats: Sequence[Seat], order: Order) -> tuple[float, ...]:
-    """Exact period of a connected set of seats: found when the state repeats within a few
-    meta-iterations (most groups), else the maximum cycle mean of the round's matrix. With
-    an elastic rollout, see :func:`_elastic_periods`."""
-    if any(s.elastic for s in seats):
-        return _elastic_periods(seats, order)
+    """Each seat's period in a connected set of seats. Without an elastic rollout, exact:
+    found when the state repeats up to a common shift within a few meta-iterations (most
+    groups), else the maximum cycle mean of the round's matrix. With one, the state
+    converges geometrically: found when it repeats within ``_ELASTIC_ROUNDS``, else each
+    seat's own pace, the mean growth of its training end over the last
+    ``_ELASTIC_MEAN_OVER`` rounds. Seats can keep different paces there (an elastic job may
+    leave behind a node it shares, starting without it and passing it when it comes free
+    too late), and a state growing at two paces for a few rounds may still be a transient,
+    so only the long mean tells them apart."""
+    elastic = any(s.elastic for s in seats)
     history: list[tuple[float, ...]] = []
-    for k, step in enumerate(itertools.islice(_rounds(seats, order), _QUICK_ROUNDS)):
+    for k, step in enumerate(itertools.islice(_rounds(seats, order), _ELASTIC_ROUNDS if elastic else _QUICK_ROUNDS)):
         history.append(step.state)
         for c in range(1, min(_MAX_CYCLICITY, k) + 1):
             shift = _common_shift(step.state, history[k - c])
             if shift is not None:
                 return (shift / c,) * len(seats)
-    return (max_cycle_mean(round_matrix(seats, order)),) * len(seats)
-
-
-def _elastic_periods(seats: Sequence[Seat], order: Order) -> tuple[float, ...]:
-    """Each seat's period in a group with an elastic rollout: one period once the state
-    repeats up to a common shift (it converges geometrically), within ``_ELASTIC_ROUNDS``.
-    Otherwise each seat's own: the mean growth of its training ends over the last
-    ``_ELASTIC_MEAN_OVER`` rounds. Seats can keep different paces: an elastic job may leave
-    behind a node it shares, starting without it and passing it when it comes free too late.
-    A state growing at two paces for a few rounds may still be a transient, so only the
-    long mean tells them apart."""
-    ends: list[list[float]] = []
-    history: list[tuple[float, ...]] = []
-    for k, step in enumerate(itertools.islice(_rounds(seats, order), _ELASTIC_ROUNDS)):
-        ends.append(step.train_end)
-        history.append(step.state)
-        for c in range(1, min(_MAX_CYCLICITY, k) + 1):
-            shift = _common_shift(step.state, history[k - c])
-            if shift is not None:
-                return (shift / c,) * len(seats)
-    return tuple((a - b) / _ELASTIC_MEAN_OVER for a, b in zip(ends[-1], ends[-1 - _ELASTIC_MEAN_OVER], strict=True))
+    if not elastic:
+        return (max_cycle_mean(round_matrix(seats, order)),) * len(seats)
+    now, before = history[-1][-len(seats) :], history[-1 - _ELASTIC_MEAN_OVER][-len(seats) :]
+    return tuple((a - b) / _ELASTIC_MEAN_OVER for a, b in zip(now, before, strict=True))
 
 
 Form = dict[int, float]
@@ -439,12 +438,13 @@ def timeline(seats: Sequence[Seat], iterations: int, order: Order | None = None)
     runs: list[PhaseRun] = []
     for k, step in zip(range(iterations), _rounds(seats, order), strict=False):
         for i, seat in enumerate(seats):
-            visit = step.rollouts[i]
-            if seat.elastic:
-                for node, (begin, end) in sorted(visit.nodes.items()):
+            if i in step.elastic:
+                for node, (begin, end) in sorted(step.elastic[i].nodes.items()):
                     if end > begin:
                         runs.append(PhaseRun(i, ROLLOUT, k, begin, end, (node,)))
             else:
-                runs.append(PhaseRun(i, ROLLOUT, k, visit.start, visit.end, seat.rollout_nodes))
-            runs.append(PhaseRun(i, TRAIN, k, step.train_start[i], step.train_end[i], seat.train_nodes))
+                start = step.rollout_start[i]
+                runs.append(PhaseRun(i, ROLLOUT, k, start, start + seat.rollout_s, seat.rollout_nodes))
+            start = step.train_start[i]
+            runs.append(PhaseRun(i, TRAIN, k, start, start + seat.train_s, seat.train_nodes))
     return runs

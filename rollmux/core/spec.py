@@ -211,12 +211,15 @@ class JobSpec:
         """Mean iteration time alone on dedicated disaggregated nodes: the slowdown's denominator."""
         return self.rollout.mean + self.train.mean
 
-    def planned_iteration(self, planning: Planning) -> float:
-        """The job's own dependency chain as the planner sees it (disaggregated, its moved
-        tail's resumption included)."""
+    def planned_rollout(self, planning: Planning) -> float:
+        """Its disaggregated rollout's time as the planner sees it, a moved tail's
+        resumption included."""
         rollout = self.rollout.planned(planning)
-        resume = self.tail.resume_s if self.moves_tail and self.tail else 0.0
-        return rollout + resume + self.train.planned(planning)
+        return self.tail.rollout_s(rollout) if self.moves_tail and self.tail else rollout
+
+    def planned_iteration(self, planning: Planning) -> float:
+        """The job's own dependency chain as the planner sees it (disaggregated)."""
+        return self.planned_rollout(planning) + self.train.planned(planning)
 
     @property
     def period_budget(self) -> float:
