@@ -31,7 +31,7 @@ from rollmux.core.control import (
 from rollmux.core.errors import JobExists, NoCapacity, PhaseOrderError, StaleEpoch
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig, RegroupState
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, PhaseTime, RolloutTail
 from rollmux.service.store import Store
 
 LEASE = 10.0
@@ -39,8 +39,8 @@ GRACE = default_lost_grace(LEASE)
 MANAGED = {"kind": "grpo"}
 
 
-def spec(name: str, slo: float = 3.0, rollout_width: int = 1) -> JobSpec:
-    return JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=slo, rollout_width=rollout_width)
+def spec(name: str, slo: float = 3.0, rollout_width: int = 1, tail: RolloutTail | None = None) -> JobSpec:
+    return JobSpec(name, PhaseTime.fixed(1.0), PhaseTime.fixed(1.0), slo=slo, rollout_width=rollout_width, tail=tail)
 
 
 def control(policy: str = "rollmux", capacity: Capacity | None = None) -> ControlState:
@@ -355,8 +355,9 @@ def test_a_restart_keeps_unseated_jobs_parked_and_gives_seated_ones_a_full_grace
 
 class Scenario(RuleBasedStateMachine):
     """Random sessions, phases, lost leases, restarts, departures, regroupings (moves carried
-    out at random moments) and control-plane crashes on five jobs in two groups; every
-    change persisted as the service persists it."""
+    out at random moments) and control-plane crashes on five jobs in two groups, three of
+    them with elastic rollouts two nodes wide that shed nodes at random moments; every
+    change persisted as the service persists it, and the phase log kept."""
 
     def __init__(self):
         super().__init__()
@@ -365,8 +366,11 @@ class Scenario(RuleBasedStateMachine):
         self.state = control()
         self.now = 0.0
         self.tokens: list[int] = []
+        self.log: list = []
         for name in "abcde":
-            self.state.submit(spec(name, slo=1.6), {}, self.now)
+            tailed = name in "cde"
+            tail = RolloutTail(0.4) if tailed else None
+            self.state.submit(spec(name, slo=1.6 if not tailed else 4.0, rollout_width=1 + tailed, tail=tail), {}, 0)
         self.persist()
 
     def teardown(self):
@@ -374,7 +378,9 @@ class Scenario(RuleBasedStateMachine):
         self.folder.cleanup()
 
     def persist(self) -> None:
-        self.store.apply([self.state.drain()])
+        delta = self.state.drain()
+        self.log += delta.phases
+        self.store.apply([delta])
 
     def live(self, state: str | tuple[str, ...]) -> list[str]:
         wanted = (state,) if isinstance(state, str) else state
@@ -415,6 +421,25 @@ class Scenario(RuleBasedStateMachine):
         job = self.state.job(name)
         self.now += busy
         self.state.release(name, job.grant.phase, job.epoch, job.grant.token, PhaseTiming(busy), self.now)
+        self.tokens += [j.grant.token for j in self.state.jobs.values() if j.grant and j.grant.token not in self.tokens]
+        self.persist()
+
+    @precondition(lambda self: any(j.grant and len(j.grant.nodes) > 1 for j in self.state.jobs.values()))
+    @rule(data=st.data(), busy=st.floats(0.0, 2.0))
+    def shed(self, data, busy):
+        name = data.draw(st.sampled_from(sorted(n for n, j in self.state.jobs.items() if j.grant)))
+        job = self.state.job(name)
+        keep = data.draw(st.sets(st.sampled_from(job.grant.nodes), min_size=1))
+        self.now += busy
+        turns = self.state.turns[self.state.cluster.group_of(name).id]
+        if job.move is None and not turns.elastic(name, job.grant.phase) and len(keep) < len(job.grant.nodes):
+            with pytest.raises(PhaseOrderError):
+                self.state.shed(name, job.grant.phase, job.epoch, job.grant.token, keep, self.now)
+            return
+        before = job.grant
+        after = self.state.shed(name, job.grant.phase, job.epoch, job.grant.token, keep, self.now)
+        assert after.token == before.token
+        assert set(after.nodes) == (set(keep) if job.move is None else set(before.nodes))
         self.tokens += [j.grant.token for j in self.state.jobs.values() if j.grant and j.grant.token not in self.tokens]
         self.persist()
 
@@ -476,11 +501,29 @@ class Scenario(RuleBasedStateMachine):
             assert turns.holder == {n: j for n, j in held.items() if n in turns.sequence}
 
     @invariant()
-    def no_waiting_job_could_start(self):
+    def no_waiting_job_could_start_and_no_elastic_rollout_could_widen(self):
         for name, job in self.state.jobs.items():
             if job.request is not None and job.grant is None and job.move is None:
                 turns = self.state.turns[self.state.cluster.group_of(name).id]
                 assert not turns.may_start(name, job.request[0]), f"{name} waits for a turn it could take"
+            if job.grant is not None and job.move is None and job.grant.phase == "rollout":
+                turns = self.state.turns[self.state.cluster.group_of(name).id]
+                assert not turns._ready(name, "rollout") or not turns.elastic(name, "rollout"), f"{name} could widen"
+
+    @invariant()
+    def no_node_ran_two_phases_at_once(self):
+        """Every node's lines of the phase log, and the grants held now, never overlap."""
+        spans: dict[int, list[tuple[float, float, str]]] = {}
+        for entry in self.log:
+            for node in entry.grant.nodes:
+                spans.setdefault(node, []).append((entry.grant.granted_at, entry.ended_at, entry.grant.job))
+        for name, job in self.state.jobs.items():
+            for node in job.grant.nodes if job.grant else ():
+                spans.setdefault(node, []).append((job.grant.held_since(node), self.now, name))
+        for node, held in spans.items():
+            held.sort()
+            for (_, end, first), (start, _, second) in zip(held, held[1:], strict=False):
+                assert end <= start, f"node {node}: {first} until {end}, {second} from {start}"
 
     @invariant()
     def each_job_in_one_group_and_paid_nodes_logged(self):

@@ -116,7 +116,14 @@ class Capacity:
 
 @dataclass(frozen=True)
 class Grant:
-    """A phase granted to one incarnation of a job: its nodes, its epoch, its fencing token."""
+    """A phase granted to one incarnation of a job: its nodes, its epoch, its fencing token.
+
+    An elastic rollout's grant changes under way while keeping its token: ``nodes`` are
+    the nodes it holds now; it was widened onto those in ``joined`` at the times given, and
+    gave back those in ``shed``. A widened node's worker accepts the token, as no grant of
+    that node came after it (the node was due to this job); a shed node's next grant has a
+    higher token, which fences this one off it.
+    """
 
     job: str
     phase: str
@@ -126,6 +133,23 @@ class Grant:
     iteration: int
     requested_at: float
     granted_at: float
+    joined: tuple[tuple[int, float], ...] = ()
+    shed: tuple[int, ...] = ()
+
+    def held_since(self, node: int) -> float:
+        """When the grant took ``node``: its start, or when it was widened onto it."""
+        return dict(self.joined).get(node, self.granted_at)
+
+    def ended(self, nodes: tuple[int, ...], now: float, timing: PhaseTiming, outcome: str) -> list[PhaseEntry]:
+        """Phase-log lines for ``nodes`` leaving the grant at ``now``: one per time they
+        joined it, so each line is the nodes' time in the phase."""
+        since: dict[float, list[int]] = {}
+        for node in nodes:
+            since.setdefault(self.held_since(node), []).append(node)
+        return [
+            PhaseEntry(replace(self, nodes=tuple(group), granted_at=at), now, timing, outcome)
+            for at, group in sorted(since.items())
+        ]
 
 
 @dataclass(frozen=True)
@@ -563,7 +587,7 @@ class ControlState:
         group = self.cluster.group_of(name)
         freed, granted_at = job.grant.nodes, job.grant.granted_at
         self.turns[group.id].finish(name, phase)
-        self._delta.phases.append(PhaseEntry(job.grant, now, timing, "released"))
+        self._delta.phases.extend(job.grant.ended(freed, now, timing, "released"))
         job.next_phase = TRAIN if phase == ROLLOUT else ROLLOUT
         job.cycles = self.turns[group.id].cycles[name]
         if phase == TRAIN:
@@ -574,6 +598,35 @@ class ControlState:
         self._learn(job, phase, now - granted_at)
         turns = self.turns[group.id]
         self._grant_due(group, now, {turns.due(node) for node in freed})
+
+    def shed(self, name: str, phase: str, epoch: int, token: int, keep: Collection[int], now: float) -> Grant:
+        """An elastic rollout gives back every node it holds but ``keep`` before it ends
+        (its tail moved onto those): they go to the next job in turn at once. Returns the
+        grant as it is now. A retried shed changes nothing; a moving job keeps its nodes
+        until its phase ends (they are its old group's, which it leaves at that boundary)."""
+        job = self._session(name, epoch, now)
+        grant = job.grant
+        if grant is None or grant.phase != phase:
+            raise PhaseOrderError(f"job {name} shed nodes of {phase} without holding it")
+        if grant.token != token:
+            raise StaleEpoch(f"job {name}: grant {token} is not the one it holds ({grant.token})")
+        kept = tuple(n for n in grant.nodes if n in set(keep))
+        if not kept or len(kept) != len(set(keep)):
+            raise PhaseOrderError(f"job {name} keeps {sorted(keep)}: it must keep at least one of {grant.nodes}")
+        gone = tuple(n for n in grant.nodes if n not in kept)
+        if not gone or job.move is not None:
+            return grant
+        group = self.cluster.group_of(name)
+        turns = self.turns[group.id]
+        if not turns.elastic(name, phase):
+            raise PhaseOrderError(f"job {name}: its {phase} has no tail to move, so it holds its nodes to the end")
+        turns.give_back(name, gone)
+        self._delta.phases.extend(grant.ended(gone, now, PhaseTiming(), "shed"))
+        job.grant = replace(grant, nodes=kept, shed=grant.shed + gone)
+        self._touch(job)
+        self._touch_group(group.id)
+        self._grant_due(group, now, {turns.due(node) for node in gone})
+        return job.grant
 
     def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float], now: float) -> None:
         """Metrics of one iteration (kept per iteration: a repeated report replaces it)."""
@@ -883,7 +936,7 @@ class ControlState:
         """A moving job hands back the phase it held on its old nodes: its boundary."""
         grant = job.grant
         assert grant is not None and job.move is not None
-        self._delta.phases.append(PhaseEntry(grant, now, timing, "released"))
+        self._delta.phases.extend(grant.ended(grant.nodes, now, timing, "released"))
         job.next_phase = TRAIN if grant.phase == ROLLOUT else ROLLOUT
         if grant.phase == TRAIN:
             job.iteration += 1
@@ -1048,7 +1101,10 @@ class ControlState:
                     for node in job.grant.nodes
                 }
                 jobs = [state.jobs[name] for name in turns.jobs]
-                turns.resume({j.name: j.next_phase for j in jobs}, {j.name: cycles[j.name] for j in jobs}, holders)
+                shed = {j.name: j.grant.shed for j in jobs if j.grant is not None}
+                turns.resume(
+                    {j.name: j.next_phase for j in jobs}, {j.name: cycles[j.name] for j in jobs}, holders, shed
+                )
                 for job in jobs:
                     job.cycles = cycles[job.name]
                 state._hold_for_movers(turns)
@@ -1110,7 +1166,7 @@ class ControlState:
     def _leave_turns(self, job: Job, now: float, state: str, why: str) -> None:
         """Revoke the job's grant (logged as revoked) and take it out of its group's turns."""
         if job.grant is not None:
-            self._delta.phases.append(PhaseEntry(job.grant, now, PhaseTiming(), "revoked"))
+            self._delta.phases.extend(job.grant.ended(job.grant.nodes, now, PhaseTiming(), "revoked"))
             self._event(job.name, now, "revoked", f"{job.grant.phase} grant {job.grant.token}: {why}")
             job.grant = None
         job.request = None
@@ -1140,6 +1196,8 @@ class ControlState:
         )
         for name in order:
             job = self.jobs[name]
+            if job.grant is not None and job.move is None:
+                self._widen(job, turns, group, now)
             if job.request is None or job.grant is not None or not turns.may_start(name, job.request[0]):
                 continue
             phase, asked = job.request
@@ -1151,6 +1209,18 @@ class ControlState:
             self._touch_group(group.id)
             self._delta.wake.add(name)
 
+    def _widen(self, job: Job, turns: CyclicTurns, group: Group, now: float) -> None:
+        """An elastic rollout under way takes the nodes that came due and free to it."""
+        added = turns.widen(job.name)
+        if not added:
+            return
+        assert job.grant is not None
+        grant = job.grant
+        job.grant = replace(grant, nodes=grant.nodes + added, joined=grant.joined + tuple((n, now) for n in added))
+        self._touch(job)
+        self._touch_group(group.id)
+        self._delta.wake.add(job.name)
+
     def _rebuild_turns(self, group: Group) -> None:
         """Turns of the group's running jobs in the core's FCFS cyclic order."""
         self._touch_group(group.id)
@@ -1159,7 +1229,10 @@ class ControlState:
             self.turns.pop(group.id, None)
             return
         seats = [m.seat(self.cluster.planning) for m in active]
-        nodes = {m.job.name: JobNodes(m.rollout_nodes, m.train_nodes) for m in active}
+        nodes = {
+            m.job.name: JobNodes(m.rollout_nodes, m.train_nodes, seat.elastic)
+            for m, seat in zip(active, seats, strict=True)
+        }
         jobs = [m.job.name for m in active]
         turns = CyclicTurns.build(jobs, nodes, fcfs_order(seats), self.turns.get(group.id))
         for name in jobs:

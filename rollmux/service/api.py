@@ -177,6 +177,13 @@ class ReleaseBody(EpochBody):
     )
 
 
+class ShedBody(EpochBody):
+    token: int = Field(ge=0, le=2**62, description="the grant's fencing token")
+    keep: list[Annotated[int, Field(ge=0, le=2**62)]] = Field(
+        min_length=1, max_length=4096, description="the nodes the rollout keeps for its tail; the rest are given back"
+    )
+
+
 class ProgressBody(EpochBody, Progress):
     pass
 
@@ -518,6 +525,14 @@ def create_app(control: ControlPlane, token: str) -> Any:
         return JSONResponse(
             {"status": "released", "next": _grant_view(control, grant) if then_wait_s is not None else None}
         )
+
+    @app.post("/v1/jobs/{name}/phases/{phase}/shed", response_model=GrantView, responses=one)
+    async def shed_nodes(name: JobName, phase: Phase, body: ShedBody) -> JSONResponse:
+        """An elastic rollout (a job with a tail to move) gives back every node it holds but
+        ``keep``: they go to the next job in turn at once. Answers the grant as it is now."""
+        with _errors_as_http():
+            grant = await control.shed(name, phase, body.epoch, body.token, body.keep)
+        return JSONResponse(_grant_view(control, grant))
 
     @app.post("/v1/jobs/{name}/progress", responses=one)
     async def progress(name: JobName, body: ProgressBody) -> dict[str, str]:

@@ -382,6 +382,15 @@ class ControlPlane:
             return None
         return await self._acquire(name, ROLLOUT if phase == TRAIN else TRAIN, epoch, then_wait_s)
 
+    async def shed(self, name: str, phase: str, epoch: int, token: int, keep: list[int]) -> Grant:
+        """An elastic rollout gives back its nodes but ``keep``; durable before it answers,
+        like a grant, so the nodes' next holders never run beside a shed the store lost."""
+        await self._live(name)
+        grant = self.state.shed(name, phase, epoch, token, keep, self.clock())
+        await self._persist()
+        await self.journal.barrier()
+        return grant
+
     async def _acquire(self, name: str, phase: str, epoch: int, wait_s: float) -> Grant | None:
         grant = self.state.acquire(name, phase, epoch, self.clock())
         await self._persist()

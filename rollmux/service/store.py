@@ -555,6 +555,8 @@ def _grant_dict(grant: Grant) -> dict[str, Any]:
         "iteration": grant.iteration,
         "requested_at": grant.requested_at,
         "granted_at": grant.granted_at,
+        "joined": [list(pair) for pair in grant.joined],
+        "shed": list(grant.shed),
     }
 
 
@@ -571,6 +573,8 @@ def _record(row: JobRow) -> JobRecord:
             g["iteration"],
             g["requested_at"],
             g["granted_at"],
+            tuple((node, at) for node, at in g.get("joined", ())),
+            tuple(g.get("shed", ())),
         )
     job = Job(
         name=row.name,

@@ -282,6 +282,21 @@ class TurnSession:
         if grant.phase == "train":
             self.iteration = grant.iteration + 1
 
+    def current(self, phase: str) -> Grant:
+        """The grant held now for ``phase``, as the control plane has it: an elastic
+        rollout's nodes grow as the group's other rollouts free theirs."""
+        answer = self.client.request(
+            "POST", f"/v1/jobs/{self.job}/phases/{phase}/acquire", params={"epoch": self.epoch, "wait_s": 0}
+        )
+        if not answer["granted"]:
+            raise ServiceError(f"{self.job} holds no {phase} grant any more")
+        return _grant(answer)
+
+    def shed(self, grant: Grant, keep: tuple[int, ...]) -> Grant:
+        """Give back every node of an elastic rollout but ``keep``; returns the grant now."""
+        body = {"epoch": self.epoch, "token": grant.token, "keep": list(keep)}
+        return _grant(self.client.request("POST", f"/v1/jobs/{self.job}/phases/{grant.phase}/shed", json=body))
+
     @contextmanager
     def phase(self, name: str) -> Iterator[Grant]:
         """Hold ``name``: yields the grant (its nodes) and releases it with the measured
