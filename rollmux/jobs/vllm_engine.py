@@ -80,13 +80,22 @@ class Sampling:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    """Sample past the end-of-sequence token, so a request runs to its ``max_tokens``: how a
+    rollout emulates given response lengths (see :mod:`rollmux.jobs.long_tail`)."""
 
 
 @dataclass(frozen=True)
 class Completion:
+    """A request's sampled tokens, exactly as sampled (ids, never text): the request goes on
+    from where it stopped when its prompt plus ``token_ids`` is sent again."""
+
     token_ids: list[int]
     logprobs: list[float]
     """The sampled tokens' log-probabilities under the engine's weights (raw logits)."""
+    finish_reason: str | None = None
+    """vLLM's: ``"length"`` when it stopped at its ``max_tokens`` (there is more to sample),
+    ``"stop"`` when the model ended it (an end-of-sequence or stop token)."""
 
 
 def _discarded(*_: Any) -> torch.Tensor:
@@ -195,9 +204,17 @@ class Engine:
         self.version = version
         return time.perf_counter() - start
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling) -> list[Completion]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        sampling: Sampling,
+        max_tokens: list[int] | None = None,
+    ) -> list[Completion]:
         """One completion per prompt, each sampled with its own seed: a request's result
-        depends on its prompt, its seed and the weights only."""
+        depends on its prompt, its seed and the weights only. ``max_tokens``, one per
+        prompt, overrides ``sampling.max_tokens`` request by request: a rollout generated
+        in chunks asks each request for what it has left."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -205,19 +222,23 @@ class Engine:
         failpoint("engine:generate")
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: one seed per request")
+        limits = [sampling.max_tokens] * len(prompts) if max_tokens is None else max_tokens
+        if len(limits) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(limits)} max_tokens: one limit per request")
         params = [
             SamplingParams(
                 n=1,
                 seed=seed,
                 logprobs=0,
-                max_tokens=sampling.max_tokens,
+                max_tokens=limit,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 min_p=sampling.min_p,
                 repetition_penalty=sampling.repetition_penalty,
+                ignore_eos=sampling.ignore_eos,
             )
-            for seed in seeds
+            for seed, limit in zip(seeds, limits, strict=True)
         ]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -290,7 +311,7 @@ class Engine:
 def _completion(output: Any) -> Completion:
     tokens = list(output.token_ids)
     logprobs = [float(step[token].logprob) for step, token in zip(output.logprobs, tokens, strict=True)]
-    return Completion(tokens, logprobs)
+    return Completion(tokens, logprobs, output.finish_reason)
 
 
 def _return_freed_memory() -> None:

@@ -206,9 +206,16 @@ class VLLMRollout:
             self._loaded = weights.version
         self.state.host, self.version = weights, weights.version
 
-    def complete(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling) -> list[Completion]:
-        """One completion per prompt from the engine, each with its own seed."""
-        return ray.get(self._ready().generate.remote(prompts, seeds, sampling))
+    def complete(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        sampling: Sampling,
+        max_tokens: list[int] | None = None,
+    ) -> list[Completion]:
+        """One completion per prompt from the engine, each with its own seed and, when
+        ``max_tokens`` is given, its own limit (see :meth:`Engine.generate`)."""
+        return ray.get(self._ready().generate.remote(prompts, seeds, sampling, max_tokens))
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """The engine's log-probability of each token of ``sequences`` after the first."""
