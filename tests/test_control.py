@@ -439,7 +439,7 @@ class Scenario(RuleBasedStateMachine):
         before = job.grant
         after = self.state.shed(name, job.grant.phase, job.epoch, job.grant.token, keep, self.now)
         assert after.token == before.token
-        assert set(after.nodes) == (set(keep) if job.move is None else set(before.nodes))
+        assert set(after.nodes) == (set(before.nodes) if job.move or before.tail_moved else set(keep))
         self.tokens += [j.grant.token for j in self.state.jobs.values() if j.grant and j.grant.token not in self.tokens]
         self.persist()
 

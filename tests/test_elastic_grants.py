@@ -70,6 +70,20 @@ def test_the_next_rollout_starts_on_a_shed_node_before_the_tail_ends_and_widens_
     assert held[("b", freed)] == [(6.0, 14.0)] and held[("b", tail_node)] == [(10.0, 14.0)]
 
 
+def test_a_rollout_whose_tail_moved_on_the_nodes_it_holds_is_widened_no_more():
+    state, epochs = sharing(tailed("a"), tailed("b"))
+    a = state.acquire("a", "rollout", epochs["a"], 1.0)
+    state.acquire("b", "rollout", epochs["b"], 1.0)
+    state.shed("a", "rollout", epochs["a"], a.token, [a.nodes[0]], 6.0)
+    b = state.job("b").grant
+    moved = state.shed("b", "rollout", epochs["b"], b.token, b.nodes, 7.0)
+    assert moved.nodes == b.nodes and moved.tail_moved and not moved.shed
+    assert state.shed("b", "rollout", epochs["b"], b.token, b.nodes, 7.5) == moved  # a retry is answered
+    state.release("a", "rollout", epochs["a"], a.token, PhaseTiming(), 9.0)
+    assert state.job("b").grant.nodes == b.nodes
+    assert state.turns[state.cluster.group_of("a").id].holder.get(a.nodes[0]) is None
+
+
 def test_a_shed_is_refused_without_a_tail_to_move_or_a_node_to_keep_and_a_retry_changes_nothing():
     state, epochs = sharing(tailed("a"), tailed("plain", tail=None))
     a = state.acquire("a", "rollout", epochs["a"], 1.0)

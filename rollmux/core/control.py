@@ -135,6 +135,8 @@ class Grant:
     granted_at: float
     joined: tuple[tuple[int, float], ...] = ()
     shed: tuple[int, ...] = ()
+    tail_moved: bool = False
+    """Its tail moved (onto the nodes it holds now): it is widened no more."""
 
     def held_since(self, node: int) -> float:
         """When the grant took ``node``: its start, or when it was widened onto it."""
@@ -142,14 +144,19 @@ class Grant:
 
     def ended(self, nodes: tuple[int, ...], now: float, timing: PhaseTiming, outcome: str) -> list[PhaseEntry]:
         """Phase-log lines for ``nodes`` leaving the grant at ``now``: one per time they
-        joined it, so each line is the nodes' time in the phase."""
+        joined it, so each line is the nodes' time in the phase. A release's first line
+        (the earliest) carries the holder's timing and is the phase's line; nodes widened
+        onto later are ``widened`` lines, shed ones ``shed`` lines, each busy throughout."""
         since: dict[float, list[int]] = {}
         for node in nodes:
             since.setdefault(self.held_since(node), []).append(node)
-        return [
-            PhaseEntry(replace(self, nodes=tuple(group), granted_at=at), now, timing, outcome)
-            for at, group in sorted(since.items())
-        ]
+        lines = []
+        for rank, (at, group) in enumerate(sorted(since.items())):
+            primary = outcome == "revoked" or (outcome == "released" and rank == 0)
+            kind = outcome if primary or outcome != "released" else "widened"
+            held = timing if primary else PhaseTiming(busy_s=now - at)
+            lines.append(PhaseEntry(replace(self, nodes=tuple(group), granted_at=at), now, held, kind))
+        return lines
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,9 @@ class PhaseTiming:
 
 @dataclass(frozen=True)
 class PhaseEntry:
-    """One line of the phase log: a grant and how it ended (``released`` or ``revoked``)."""
+    """One line of the phase log: a grant and how it ended (``released`` or ``revoked``;
+    an elastic rollout's nodes also ``shed`` before its end, or ``widened`` onto after its
+    start: see :meth:`Grant.ended`)."""
 
     grant: Grant
     ended_at: float
@@ -600,10 +609,11 @@ class ControlState:
         self._grant_due(group, now, {turns.due(node) for node in freed})
 
     def shed(self, name: str, phase: str, epoch: int, token: int, keep: Collection[int], now: float) -> Grant:
-        """An elastic rollout gives back every node it holds but ``keep`` before it ends
-        (its tail moved onto those): they go to the next job in turn at once. Returns the
-        grant as it is now. A retried shed changes nothing; a moving job keeps its nodes
-        until its phase ends (they are its old group's, which it leaves at that boundary)."""
+        """An elastic rollout's tail moved onto ``keep``: every other node it holds goes to
+        the next job in turn at once, and it is widened no more. Returns the grant as it
+        is now. Once a tail moved, a shed changes nothing (a retry is answered); a moving
+        job keeps its nodes until its phase ends (they are its old group's, which it
+        leaves at that boundary)."""
         job = self._session(name, epoch, now)
         grant = job.grant
         if grant is None or grant.phase != phase:
@@ -614,7 +624,7 @@ class ControlState:
         if not kept or len(kept) != len(set(keep)):
             raise PhaseOrderError(f"job {name} keeps {sorted(keep)}: it must keep at least one of {grant.nodes}")
         gone = tuple(n for n in grant.nodes if n not in kept)
-        if not gone or job.move is not None:
+        if grant.tail_moved or job.move is not None:
             return grant
         group = self.cluster.group_of(name)
         turns = self.turns[group.id]
@@ -622,7 +632,7 @@ class ControlState:
             raise PhaseOrderError(f"job {name}: its {phase} has no tail to move, so it holds its nodes to the end")
         turns.give_back(name, gone)
         self._delta.phases.extend(grant.ended(gone, now, PhaseTiming(), "shed"))
-        job.grant = replace(grant, nodes=kept, shed=grant.shed + gone)
+        job.grant = replace(grant, nodes=kept, shed=grant.shed + gone, tail_moved=True)
         self._touch(job)
         self._touch_group(group.id)
         self._grant_due(group, now, {turns.due(node) for node in gone})
@@ -1101,7 +1111,7 @@ class ControlState:
                     for node in job.grant.nodes
                 }
                 jobs = [state.jobs[name] for name in turns.jobs]
-                shed = {j.name: j.grant.shed for j in jobs if j.grant is not None}
+                shed = {j.name: j.grant.shed for j in jobs if j.grant is not None and j.grant.tail_moved}
                 turns.resume(
                     {j.name: j.next_phase for j in jobs}, {j.name: cycles[j.name] for j in jobs}, holders, shed
                 )

@@ -60,7 +60,8 @@ class CyclicTurns:
     next_phase: dict[str, str] = field(default_factory=dict)
     cycles: dict[str, int] = field(default_factory=dict)
     shed: dict[str, set[int]] = field(default_factory=dict)
-    """Nodes each elastic rollout gave back before its end: served for this cycle."""
+    """Elastic rollouts whose tail moved, and the nodes each gave back before its end:
+    served for this cycle."""
 
     @staticmethod
     def build(
@@ -144,16 +145,20 @@ class CyclicTurns:
         return tuple(node for node in self.nodes[job].of(phase) if self.holder.get(node) == job)
 
     def widen(self, job: str) -> tuple[int, ...]:
-        """Nodes an elastic rollout under way takes as they come due and free; returns them."""
+        """Nodes an elastic rollout under way takes as they come due and free, until it
+        sheds; returns them."""
         if self.next_phase.get(job) != ROLLOUT or not self.elastic(job, ROLLOUT) or not self.held(job, ROLLOUT):
             return ()
+        if job in self.shed:
+            return ()  # its tail moved: it takes no node it would not use
         added = self._ready(job, ROLLOUT)
         for node in added:
             self.holder[node] = job
         return added
 
     def give_back(self, job: str, nodes: tuple[int, ...]) -> None:
-        """An elastic rollout sheds ``nodes`` before its end; it keeps at least one."""
+        """An elastic rollout's tail moved: it sheds ``nodes`` (none, when it keeps all it
+        holds) and is widened no more; it keeps at least one node."""
         if not self.elastic(job, ROLLOUT) or self.next_phase.get(job) != ROLLOUT:
             raise PhaseOrderError(f"{job} has no elastic rollout under way to shed nodes from")
         held = self.held(job, ROLLOUT)
@@ -190,12 +195,12 @@ class CyclicTurns:
         shed: Mapping[str, Collection[int]] | None = None,
     ) -> None:
         """Continue from persisted state: each job's next phase and cycles, each node's
-        holder, the nodes each elastic rollout under way has shed."""
+        holder, the elastic rollouts whose tail moved and the nodes each shed."""
         for job in self.jobs:
             self.next_phase[job] = next_phase.get(job, ROLLOUT)
             self.cycles[job] = cycles.get(job, 0)
         self.holder = {n: j for n, j in holder.items() if n in self.sequence and j in self.cycles}
-        self.shed = {j: set(nodes) for j, nodes in (shed or {}).items() if j in self.cycles and nodes}
+        self.shed = {j: set(nodes) for j, nodes in (shed or {}).items() if j in self.cycles}
 
     def startable(self) -> list[tuple[str, str]]:
         """Every (job, phase) that may start now, in seat order."""

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, NodeType, PhaseTime, Planning, Pool, RolloutTail
 from rollmux.inputs.errors import InputError, from_validation
 
 M = TypeVar("M", bound=BaseModel)
@@ -35,6 +35,21 @@ def refuse_duplicates(names: list[str]) -> None:
         seen.add(name)
 
 
+class TailFields(BaseModel):
+    """The long tail of a job's rollout and its migration (``tail:`` of a job): once
+    ``threshold`` of a rollout's requests are done, the unfinished ones move onto ``nodes``
+    of its rollout nodes and the others go to the next rollout in the group's turns."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    share: float = Field(ge=0, lt=1, description="share of the rollout's time its tail takes (planning)")
+    nodes: int = Field(default=1, ge=1, le=MAX_WIDTH, description="rollout nodes that keep the tail")
+    threshold: float = Field(default=0.8, gt=0, lt=1, description="share of requests done when the tail moves")
+    resume_s: float = Field(default=0.0, ge=0, le=MAX_PHASE_S, description="seconds the moved requests take to resume")
+
+    def to_tail(self) -> RolloutTail:
+        return RolloutTail(self.share, self.nodes, self.threshold, self.resume_s)
+
+
 class JobFields(BaseModel):
     """Phase times (mean and optional p99), widths, resident memory and SLO of one job."""
 
@@ -50,6 +65,7 @@ class JobFields(BaseModel):
     rollout_mem_gb: float = Field(default=0.0, ge=0, le=MAX_MEM_GB)
     train_mem_gb: float = Field(default=0.0, ge=0, le=MAX_MEM_GB)
     slo: float | None = Field(default=None, ge=1, le=MAX_SLO)
+    tail: TailFields | None = None
 
     @model_validator(mode="after")
     def _consistent_times(self) -> JobFields:
@@ -77,6 +93,7 @@ class JobFields(BaseModel):
             rollout_mem_gb=self.rollout_mem_gb,
             train_mem_gb=self.train_mem_gb,
             colocated=colo,
+            tail=self.tail.to_tail() if self.tail is not None else None,
         )
 
 

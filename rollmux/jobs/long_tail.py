@@ -21,7 +21,8 @@ Lengths. How long a response is depends on the model; a rollout that must have l
 (a tiny test model, an emulated job) draws each request's length (:func:`draw_lengths`,
 lognormal) and samples with the end-of-sequence token ignored until that length.
 
-Everything here is pure but :func:`generate_chunk`, which runs on a rollout role's worker.
+Everything here is pure but :func:`generate_chunk`, which runs on a rollout role's worker,
+and :func:`run_chunks`, the driver's loop over the nodes its grant holds.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import ray
+
+from rollmux.core.roundrobin import ROLLOUT
 
 if TYPE_CHECKING:
     from rollmux.jobs.vllm_engine import Completion, Sampling
     from rollmux.jobs.vllm_rollout import VLLMRollout
+    from rollmux.sdk.session import Session
 
 
 @dataclass(frozen=True)
@@ -193,3 +198,40 @@ def generate_chunk(
         return list(requests)
     completions = rollout.complete(prompts, seeds, replace(sampling, ignore_eos=True), max_tokens)
     return advance(requests, completions, rollout.version, node)
+
+
+def run_chunks(
+    session: Session, iteration: int, shares: dict[int, list[Request]]
+) -> tuple[dict[int, list[Request]], float | None]:
+    """Chunks on every held node with unfinished requests until all are done: widened
+    onto the nodes the control plane adds until the tail moves (``tail.threshold`` of the
+    requests done), then on the tail's nodes only (the first ``tail.nodes`` it holds, or
+    all it holds when that is fewer: it is widened no more either way). Returns the
+    requests by node and the share done when the tail moved (None: the job has no tail)."""
+    tail, moved_at = session.tail, None
+    while not all(r.done for share in shares.values() for r in share):
+        assert session.grant is not None
+        if moved_at is None:
+            if session.widen():
+                shares = consolidate(shares, session.grant.nodes)
+            done = progress([r for share in shares.values() for r in share])
+            if tail is not None and done >= tail.threshold:
+                keep = session.grant.nodes[: tail.nodes]
+                shares = consolidate(shares, keep)
+                session.shed(keep)
+                moved_at = done
+        working = [n for n in session.grant.nodes if any(not r.done for r in shares.get(n, ()))]
+        refs = [session.submit(ROLLOUT, n, "chunk", iteration, shares[n], n) for n in working]
+        shares.update(zip(working, ray.get(refs), strict=True))
+    return shares, moved_at
+
+
+def rollout_metrics(requests: Sequence[Request], iteration: int, moved_at: float | None) -> dict[str, float]:
+    """What the rollout did: when its tail moved, how many requests ran on more than one
+    node, and how many chunks ran on weights other than the iteration's (0: on-policy)."""
+    return {
+        "tail_moved_at": moved_at if moved_at is not None else -1.0,
+        "requests_moved": float(sum(len(set(r.nodes)) > 1 for r in requests)),
+        "chunks_off_policy": float(sum(v != iteration for r in requests for v in r.versions)),
+        "tokens": float(sum(len(r.tokens) for r in requests)),
+    }

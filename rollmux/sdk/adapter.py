@@ -204,6 +204,12 @@ class OnPolicyLoop:
         """The batch of a rollout over several ranks, in rank order."""
         raise NotImplementedError(f"{type(self).__name__} cannot merge a rollout over {len(parts)} nodes")
 
+    def rollout(self, session: Session, iteration: int) -> tuple[Any, dict[str, float]]:
+        """One iteration's rollout, inside its phase: the batch to train on (or its
+        reference) and metrics of the rollout itself, reported with the iteration's."""
+        parts = session.call_all("rollout", "generate", iteration)
+        return (parts[0] if len(parts) == 1 else self.merge(ray.get(parts))), {}
+
     def run(self, session: Session) -> list[dict[str, float]]:
         widest = max(len(session.rollout_nodes), len(session.train_nodes))
         if widest > 1 and not self.wide:
@@ -212,15 +218,14 @@ class OnPolicyLoop:
         session.report_missing(history)
         for iteration in range(len(history), self.iterations):
             with phase("rollout"):
-                parts = session.call_all("rollout", "generate", iteration)
-                batch = parts[0] if len(parts) == 1 else self.merge(ray.get(parts))
+                batch, rolled = self.rollout(session, iteration)
             with phase("train"):
                 result = session.call_all("train", "train", batch)[0]  # every rank returns the same
                 session.sync_weights(session.call("train", "weights"))
                 # The report goes with the phase's release, after the checkpoint: a crash in
                 # between leaves the iteration checkpointed but unreported, and the next
                 # session reports it from the checkpoint's history.
-                history.append(session.report(session.fetch(result), iteration))
+                history.append(session.report({**session.fetch(result), **rolled}, iteration))
                 due = (iteration + 1) % self.checkpoint_every == 0 or iteration + 1 == self.iterations
                 if self.checkpoint and due:
                     session.call("train", "checkpoint", self.checkpoint)

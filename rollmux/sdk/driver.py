@@ -43,7 +43,8 @@ def drive(url: str, token: str, job: str) -> str:
         resume = getattr(program, "resume_from", None)
         iteration = len(restored) if restored is not None else resume() if resume else None
         turns.activate(iteration, source if iteration else None)
-        session = Session(turns, workers, spec.replicas > 0, restored)
+        tail = spec.tail.to_tail() if spec.tail is not None else None
+        session = Session(turns, workers, spec.replicas > 0, restored, tail)
         attach(session)
         program.run(session)
     except StaleEpoch as fenced:

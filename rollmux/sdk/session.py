@@ -19,12 +19,14 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import ContextDecorator
+from dataclasses import replace
 from typing import Any
 
 import ray
 
 from rollmux.core.errors import ResidencyExceeded
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
+from rollmux.core.spec import RolloutTail
 from rollmux.dataplane.nodes import buddy_of, worker_of
 from rollmux.wire.client import Grant, TurnSession
 
@@ -42,6 +44,7 @@ class Session:
         workers: dict[int, Any],
         replicas: bool = False,
         restored: list[dict[str, float]] | None = None,
+        tail: RolloutTail | None = None,
     ):
         self.turns = turns
         self.job = turns.job
@@ -63,6 +66,9 @@ class Session:
         self.replicas = replicas and len(self.train_nodes) == 1
         """Copy the trainer to the pool's buddy after every training phase (one-node trainers)."""
         self.restored = restored
+        self.tail = tail
+        """The job's rollout tail as its spec gives it (None: it holds its rollout nodes to
+        the end); the control plane plans with the same one."""
         """Every iteration's metrics, when this session resumed from a trainer that survived
         or came from its replica (None: it resumed from its checkpoint, or started)."""
         self._buddy: Any = None
@@ -135,6 +141,36 @@ class Session:
         self.turns.release(grant, busy_s, wake_s, sleep_s, report)
         handback = time.perf_counter() - self._started - busy_s
         self.handback_s = handback if self.handback_s == 0 else 0.8 * self.handback_s + 0.2 * handback
+
+    def widen(self) -> tuple[int, ...]:
+        """The nodes the elastic rollout held now was widened onto since it last looked
+        (the group's other rollouts freed them), their roles woken under its grant."""
+        grant = self.grant
+        if grant is None or grant.phase != ROLLOUT:
+            raise RuntimeError(f"{self.job}: only a rollout under way widens")
+        now = self.turns.current(ROLLOUT)
+        added = tuple(node for node in now.nodes if node not in grant.nodes)
+        if added:
+            ray.get([self._worker(n).wake.remote(self.job, ROLLOUT, self.epoch, grant.token) for n in added])
+            self.grant = replace(grant, nodes=grant.nodes + added)
+        return added
+
+    def shed(self, keep: tuple[int, ...]) -> None:
+        """Give back every node of the rollout held now but ``keep`` (its tail moved onto
+        those): the roles there sleep first, then the control plane hands the nodes on."""
+        grant = self.grant
+        if grant is None or grant.phase != ROLLOUT:
+            raise RuntimeError(f"{self.job}: only a rollout under way sheds nodes")
+        gone = [node for node in grant.nodes if node not in keep]
+        ray.get([self._worker(n).sleep.remote(self.job, ROLLOUT, self.epoch, grant.token) for n in gone])
+        self.grant = replace(grant, nodes=self.turns.shed(grant, keep).nodes)
+
+    def submit(self, phase: str, node: int, method: str, *args: Any) -> ray.ObjectRef:
+        """Start ``method`` of the job's role on one node of the phase held now, without
+        waiting: a driver that spreads work over its nodes waits for what it needs."""
+        if self.grant is None or self.grant.phase != phase or node not in self.grant.nodes:
+            raise RuntimeError(f"{self.job}: {phase} role on node {node} called outside its grant")
+        return self._worker(node).call.remote(self.job, phase, self.epoch, self.grant.token, method, *args)
 
     def since_grant(self) -> float:
         """Seconds since the current phase was granted (its wake included)."""

@@ -557,6 +557,7 @@ def _grant_dict(grant: Grant) -> dict[str, Any]:
         "granted_at": grant.granted_at,
         "joined": [list(pair) for pair in grant.joined],
         "shed": list(grant.shed),
+        "tail_moved": grant.tail_moved,
     }
 
 
@@ -575,6 +576,7 @@ def _record(row: JobRow) -> JobRecord:
             g["granted_at"],
             tuple((node, at) for node, at in g.get("joined", ())),
             tuple(g.get("shed", ())),
+            g.get("tail_moved", False),
         )
     job = Job(
         name=row.name,
