@@ -32,20 +32,21 @@ from rollmux.core.spec import RolloutTail
 from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
 from rollmux.jobs.emulated_tail import TailConfig
-from rollmux.live.launch import RunResult, run_plan
+from rollmux.live.launch import RunResult, node_records, run_plan
+from rollmux.report.timeline import gantt
 
 ENTRYPOINT = "rollmux.jobs.emulated_tail:EmulatedTailJob.from_context"
 NAMES = ("job-a", "job-b")
 
 
 def jobs(config: TailConfig, iterations: int, migrate: bool) -> list[dict[str, Any]]:
-    """The two jobs' run-file entries: seeds 0 and 1, planned so that the core packs both
+    """The two jobs' run-file entries: seeds ``config.seed`` and the next, planned so that the core packs both
     onto the same nodes; with ``migrate`` the tail the lengths imply (its share by
     :meth:`RolloutTail.lognormal_share`, an assumed distribution, which the bench draws)."""
     share = RolloutTail.lognormal_share(config.length_sigma, config.requests)
     specs = []
     for seed, name in enumerate(NAMES):
-        args = asdict(config) | {"seed": seed}
+        args = asdict(config) | {"seed": config.seed + seed}
         job = {"name": name, "iterations": iterations, "slo": 3.0, "rollout_width": 2, "entrypoint": ENTRYPOINT}
         job |= {"rollout_s": 1.0, "train_s": config.train_s, "args": args}
         specs.append(job | ({"tail": {"share": round(share, 3), "nodes": 1}} if migrate else {}))
@@ -105,8 +106,13 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of the lengths (default 1.0)")
     parser.add_argument("--requests", type=int, default=32, help="requests per rollout (default 32)")
     parser.add_argument("--step-s", type=float, default=0.02, help="seconds per decode step (default 0.02)")
+    parser.add_argument("--seed", type=int, default=0, help="the first job's length seed; the second's is the next")
+    parser.add_argument("--train-s", type=float, default=0.5, help="seconds of each training phase (default 0.5)")
+    parser.add_argument("--gantt", type=Path, help="write each run's phases per node here (long-tail-with/without.png)")
     args = parser.parse_args()
-    config = TailConfig(requests=args.requests, length_sigma=args.sigma, step_s=args.step_s)
+    config = TailConfig(
+        seed=args.seed, requests=args.requests, length_sigma=args.sigma, step_s=args.step_s, train_s=args.train_s
+    )
     start_ray(rollout_nodes=2, train_nodes=1)
     try:
         results = {}
@@ -115,6 +121,13 @@ def main() -> None:
             results[migrate] = run(config, args.iterations, migrate)
     finally:
         ray.shutdown()
+    if args.gantt:
+        args.gantt.mkdir(parents=True, exist_ok=True)
+        for migrate, name in ((True, "with"), (False, "without")):
+            title = f"two tailed jobs on two rollout nodes, {name} migration (hatched: training)"
+            print(
+                f"wrote {gantt(node_records(results[migrate].phase_log), args.gantt / f'long-tail-{name}.png', title)}"
+            )
     with_p, without_p = period(results[True], args.warmup), period(results[False], args.warmup)
     with_u, without_u = utilisation(results[True]), utilisation(results[False])
     moved = [m["requests_moved"] for h in results[True].histories.values() for m in h]

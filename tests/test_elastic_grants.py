@@ -84,6 +84,19 @@ def test_a_rollout_whose_tail_moved_on_the_nodes_it_holds_is_widened_no_more():
     assert state.turns[state.cluster.group_of("a").id].holder.get(a.nodes[0]) is None
 
 
+def test_a_node_never_taken_goes_on_once_the_tail_moved_without_it():
+    state, epochs = sharing(tailed("a"), tailed("b"))
+    a = state.acquire("a", "rollout", epochs["a"], 1.0)
+    state.acquire("b", "rollout", epochs["b"], 1.0)
+    state.shed("a", "rollout", epochs["a"], a.token, [a.nodes[0]], 2.0)
+    b = state.job("b").grant  # on the node a shed; a's tail holds the other
+    state.shed("b", "rollout", epochs["b"], b.token, b.nodes, 3.0)  # b's tail moves where it is
+    state.release("a", "rollout", epochs["a"], a.token, PhaseTiming(), 4.0)
+    state.release("a", "train", epochs["a"], state.acquire("a", "train", epochs["a"], 4.0).token, PhaseTiming(), 5.0)
+    again = state.acquire("a", "rollout", epochs["a"], 5.0)
+    assert again is not None and again.nodes == (a.nodes[0],)  # not kept waiting for b, which will not take it
+
+
 def test_a_shed_is_refused_without_a_tail_to_move_or_a_node_to_keep_and_a_retry_changes_nothing():
     state, epochs = sharing(tailed("a"), tailed("plain", tail=None))
     a = state.acquire("a", "rollout", epochs["a"], 1.0)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from rollmux.core.control import ENDED_STATES
 from rollmux.inputs.runfile import RunFile
-from rollmux.live.launch import PlanRun, RunResult, Target, forget
+from rollmux.live.launch import PlanRun, RunResult, Target, forget, node_records
 from rollmux.report.timeline import chrome_trace, gantt, reward_curves
 
 
@@ -154,6 +154,7 @@ def write_artefacts(result: RunResult, out: Path) -> None:
     )
     if result.records:
         chrome_trace(result.records, out / "timeline.json")
-        gantt(result.records, out / "gantt.png", "RollMux run: phases per node (hatched: training)")
+        drawn = node_records(result.phase_log)
+        gantt(drawn, out / "gantt.png", "RollMux run: phases per node (hatched: training)")
     if any(result.histories.values()):
         reward_curves(result.histories, out / "rewards.png", "reward per iteration")

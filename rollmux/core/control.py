@@ -635,7 +635,7 @@ class ControlState:
         job.grant = replace(grant, nodes=kept, shed=grant.shed + gone, tail_moved=True)
         self._touch(job)
         self._touch_group(group.id)
-        self._grant_due(group, now, {turns.due(node) for node in gone})
+        self._grant_due(group, now, {turns.due(node) for node in turns.shed[name]})
         return job.grant
 
     def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float], now: float) -> None:
@@ -1111,7 +1111,11 @@ class ControlState:
                     for node in job.grant.nodes
                 }
                 jobs = [state.jobs[name] for name in turns.jobs]
-                shed = {j.name: j.grant.shed for j in jobs if j.grant is not None and j.grant.tail_moved}
+                shed = {
+                    j.name: set(turns.nodes[j.name].rollout) - set(j.grant.nodes)
+                    for j in jobs
+                    if j.grant is not None and j.grant.tail_moved
+                }
                 turns.resume(
                     {j.name: j.next_phase for j in jobs}, {j.name: cycles[j.name] for j in jobs}, holders, shed
                 )

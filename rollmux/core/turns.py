@@ -60,8 +60,8 @@ class CyclicTurns:
     next_phase: dict[str, str] = field(default_factory=dict)
     cycles: dict[str, int] = field(default_factory=dict)
     shed: dict[str, set[int]] = field(default_factory=dict)
-    """Elastic rollouts whose tail moved, and the nodes each gave back before its end:
-    served for this cycle."""
+    """Elastic rollouts whose tail moved, and their rollout nodes they do not keep: served
+    for this cycle."""
 
     @staticmethod
     def build(
@@ -158,7 +158,10 @@ class CyclicTurns:
 
     def give_back(self, job: str, nodes: tuple[int, ...]) -> None:
         """An elastic rollout's tail moved: it sheds ``nodes`` (none, when it keeps all it
-        holds) and is widened no more; it keeps at least one node."""
+        holds) and is widened no more; it keeps at least one node. Every rollout node it
+        does not keep, held or not, counts as served for this cycle (the core's visit of
+        no length): a node it never got is not kept waiting for a rollout that will not
+        take it."""
         if not self.elastic(job, ROLLOUT) or self.next_phase.get(job) != ROLLOUT:
             raise PhaseOrderError(f"{job} has no elastic rollout under way to shed nodes from")
         held = self.held(job, ROLLOUT)
@@ -166,7 +169,8 @@ class CyclicTurns:
             raise PhaseOrderError(f"{job} may shed only nodes it holds, keeping one: holds {held}, sheds {nodes}")
         for node in nodes:
             del self.holder[node]
-        self.shed.setdefault(job, set()).update(nodes)
+        kept = set(held) - set(nodes)
+        self.shed.setdefault(job, set()).update(n for n in self.nodes[job].rollout if n not in kept)
 
     def finish(self, job: str, phase: str) -> None:
         if self.elastic(job, phase):

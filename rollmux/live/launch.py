@@ -330,6 +330,30 @@ def phase_records(log: list[dict[str, Any]]) -> list[PhaseRecord]:
     return sorted((_record(entry) for entry in log if entry["outcome"] == "released"), key=lambda r: r.granted)
 
 
+def node_records(log: list[dict[str, Any]]) -> list[PhaseRecord]:
+    """Every node's time in each phase, as the Gantt chart draws it: the released phases,
+    and the nodes an elastic rollout shed before its end or was widened onto after its
+    start (held from grant to release, each its own line)."""
+    extra = [_held(entry) for entry in log if entry["outcome"] in ("shed", "widened")]
+    return sorted(phase_records(log) + extra, key=lambda r: r.granted)
+
+
+def _held(entry: dict[str, Any]) -> PhaseRecord:
+    return PhaseRecord(
+        job=entry["job"],
+        phase=entry["phase"],
+        iteration=entry["iteration"],
+        nodes=tuple(entry["nodes"]),
+        requested=entry["requested_at"],
+        granted=entry["granted_at"],
+        started=entry["granted_at"],
+        ended=entry["ended_at"],
+        released=entry["ended_at"],
+        wake_s=0.0,
+        sleep_s=0.0,
+    )
+
+
 def _record(entry: dict[str, Any]) -> PhaseRecord:
     """A released phase as the timeline draws it: server times, the holder's durations."""
     started = entry["granted_at"] + entry["wake_s"]
