@@ -10,15 +10,18 @@ import pytest
 from typer.testing import CliRunner
 
 from rollmux.cli.main import app
+from rollmux.core.cluster import Member
+from rollmux.core.control import ControlState, Delta, PhaseEntry
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import JobSpec, PhaseTime
+from rollmux.core.roundrobin import ROLLOUT, TRAIN, steady_state
+from rollmux.core.spec import DEFAULT_PLANNING, JobSpec, PhaseTime, RolloutTail
 from rollmux.core.turns import CyclicTurns
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
 from rollmux.sim.control_host import HostCosts, InvariantBroken, _Journal, check_phase_budget, simulate_control
 from rollmux.sim.faults import Faults
 from rollmux.sim.generate import TraceShape, generate
-from rollmux.sim.simulator import simulate
+from rollmux.sim.simulator import simulate, with_long_tail
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 SHAPE = TraceShape(jobs=14, seed=5, median_hours=6.0, burst_every_hours=1.0)
@@ -189,3 +192,116 @@ def test_a_trace_it_could_not_replay_in_bounded_time_is_refused_up_front():
     with pytest.raises(ValueError, match="more than the control engine.s 2,000,000"):
         simulate_control(Trace((TraceJob(fast, 0, 1_000_001),)), SoloPolicy())
     check_phase_budget(generate(SHAPE))
+
+
+def phase_log(monkeypatch: pytest.MonkeyPatch) -> list[PhaseEntry]:
+    """Every phase-log line the state machine writes from now on, in order."""
+    lines: list[PhaseEntry] = []
+    drain = ControlState.drain
+
+    def keep(state: ControlState) -> Delta:
+        delta = drain(state)
+        lines.extend(delta.phases)
+        return delta
+
+    monkeypatch.setattr(ControlState, "drain", keep)
+    return lines
+
+
+def test_a_moved_tail_sheds_a_node_and_the_next_rollout_starts_there_before_the_tail_ends(monkeypatch):
+    """Two jobs roll out for 100 s on the same two nodes, their last 40 % on one of them.
+    A's head is done at 60 s: it sheds node 1, where B's rollout starts at once, while A's
+    tail runs on node 0 to 100 s; B is widened onto node 0 then. Each iteration takes the
+    nodes' work, 2 x (60 + 40 / 2) = 160 s, not 200 s: the core's period for the group."""
+    tailed = [
+        JobSpec(name, PhaseTime.fixed(100), PhaseTime.fixed(30), 1.8, 2, 1, 100, 100, tail=RolloutTail(share=0.4))
+        for name in ("a", "b")
+    ]
+    trace = Trace(tuple(TraceJob(spec, 0, 3000) for spec in tailed))
+    lines = phase_log(monkeypatch)
+    run = simulate_control(trace, RollMuxPolicy(), costs=HostCosts(job_start_s=0, settle_s=0, node_ready_s=0))
+
+    shed = [e for e in lines if e.outcome == "shed" and e.ended_at + 40 < 3000]  # tails the departures spare
+    assert len(shed) > 30 and all(len(e.grant.nodes) == 1 for e in shed)
+    for line in shed:
+        (node,) = line.grant.nodes
+        other = "b" if line.grant.job == "a" else "a"
+        starts = [
+            e.grant.held_since(node)
+            for e in lines
+            if (e.grant.job, e.grant.phase) == (other, ROLLOUT) and node in e.grant.nodes
+        ]
+        assert line.ended_at in starts, line
+        ends = [e.ended_at for e in lines if e.grant.token == line.grant.token and e.outcome == "released"]
+        assert ends == [line.ended_at + 40]
+    first = [(e.grant.job, e.grant.nodes, e.grant.granted_at, e.ended_at, e.outcome) for e in lines[:2]]
+    assert first == [("a", (1,), 0, 60, "shed"), ("a", (0,), 0, 100, "released")]
+
+    held: dict[int, list[tuple[float, float]]] = {}
+    for e in lines:
+        for node in e.grant.nodes:
+            held.setdefault(node, []).append((e.grant.granted_at, e.ended_at))
+    for spans in held.values():
+        spans.sort()
+        assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False)), spans
+
+    trained = [e.ended_at for e in lines if e.grant.job == "a" and e.grant.phase == TRAIN and e.outcome == "released"]
+    seats = [Member(spec, (0, 1), (2,)).seat(DEFAULT_PLANNING) for spec in tailed]
+    assert [b - a for a, b in zip(trained, trained[1:], strict=False)] == pytest.approx([160.0] * (len(trained) - 1))
+    assert steady_state(seats).periods == pytest.approx((160.0, 160.0))
+    assert run.result.slo_attainment == 1.0
+    assert all(account.work_s > 15 * 130 for account in run.result.jobs.values())
+
+
+def two_node_rollouts(trace: Trace) -> Trace:
+    """The trace with every rollout on two nodes or more, so that every tail moves."""
+    jobs = tuple(replace(j, spec=replace(j.spec, rollout_width=max(2, j.spec.rollout_width))) for j in trace.jobs)
+    return Trace(jobs, trace.start)
+
+
+def test_with_moved_tails_the_control_engine_costs_what_the_fast_engine_does_and_no_more_than_without():
+    """The fast engine's model of moved tails (the core's elastic seats) and the control
+    engine driving the state machine's elastic grants agree on a small trace about as well
+    as they do without tails (the control engine pays start-ups, readying and transfers on
+    top: 1-2 % dearer there), and tails make neither dearer."""
+    plain = two_node_rollouts(generate(SHAPE))
+    tails = with_long_tail(plain, 0.5)
+    control = [simulate_control(t, RollMuxPolicy(), regroup=RegroupConfig()).result.cost_usd for t in (plain, tails)]
+    fast = [simulate(t, RollMuxPolicy(), regroup=RegroupConfig()).cost_usd for t in (plain, tails)]
+    assert control == pytest.approx(fast, rel=0.03)
+    assert control[1] <= control[0] and fast[1] <= fast[0]
+
+
+def test_the_same_seed_gives_the_same_run_with_moved_tails():
+    plain = spread(two_node_rollouts(generate(replace(SHAPE, jobs=8))))
+    tails = with_long_tail(plain, 0.5)
+
+    def summary(trace: Trace, seed: int) -> str:
+        run = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), seed=seed)
+        slowdowns = {name: account.slowdown for name, account in run.result.jobs.items()}
+        return json.dumps([run.result.summary(), slowdowns, run.node_log, run.phases])
+
+    assert summary(tails, 1) == summary(tails, 1)
+    assert summary(tails, 1) != summary(tails, 2)
+    assert summary(tails, 1) != summary(plain, 1)
+
+
+def test_moved_tails_keep_every_invariant_under_faults():
+    """Kills, lease losses, node failures and restarts strike elastic rollouts mid-head and
+    mid-tail: their stale head ends are dropped and no node is granted twice."""
+    trace = with_long_tail(two_node_rollouts(generate(replace(SHAPE, jobs=8))), 0.5)
+    run = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), faults=HARSH)
+    assert run.faults is not None and run.faults.checked_steps == run.events
+    assert all(count > 0 for count in run.faults.injected.values()), run.faults.injected
+    assert all(account.work_s > 0 for account in run.result.jobs.values())
+
+
+def test_simulate_command_runs_long_tails_on_the_control_engine(tmp_path):
+    path = tmp_path / "t.jsonl"
+    result = CliRunner().invoke(app, ["generate", str(path), "--jobs", "8", "--seed", "2"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "r.json"
+    args = ["simulate", str(path), "--policies", "rollmux,solo", "--engine", "control", "--json", str(out)]
+    result = CliRunner().invoke(app, [*args, "--long-tail", "0.5", "--tail-resume-s", "3"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["ratios"]["solo"]["cost_over_rollmux"] > 1

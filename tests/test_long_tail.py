@@ -184,13 +184,6 @@ def test_with_long_tail_gives_wide_rollouts_a_tail_on_a_fifth_of_their_nodes():
     assert fluid_lower_bound_usd(trace) < fluid_lower_bound_usd(Trace(jobs))
 
 
-def test_the_control_engine_refuses_long_tails_it_cannot_run():
-    trace = Path(__file__).parents[1] / "data" / "traces" / "production-200jobs.trace"
-    told = CliRunner().invoke(app, ["simulate", str(trace), "--engine", "control", "--long-tail", "0.3"])
-    said = " ".join(told.output.split())
-    assert told.exit_code == 2 and "--long-tail needs the fast engine" in said, said
-
-
 def test_a_resumption_time_without_long_tail_is_refused():
     trace = Path(__file__).parents[1] / "data" / "traces" / "production-200jobs.trace"
     told = CliRunner().invoke(app, ["simulate", str(trace), "--tail-resume-s", "3"])

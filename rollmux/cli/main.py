@@ -146,7 +146,7 @@ def simulate(
         typer.Option(
             min=0.0,
             max=0.95,
-            help="Model long-tail rollout migration (fast engine; the live plane does not run it yet): the share "
+            help="Model long-tail rollout migration, as the live plane runs it (both engines): the share "
             "of each rollout's time its last 20 % of requests take, moved onto a fifth of its nodes (at least one) "
             "so that its other nodes go to the next rollout, which starts on the nodes it gets; rollouts of one node "
             "move nothing. 0: off",
@@ -246,11 +246,6 @@ def simulate(
         raise typer.BadParameter("--faults needs --engine control (the fast engine injects --mtbf-hours)")
     if tail_resume_s is not None and not long_tail:
         raise typer.BadParameter("--tail-resume-s needs --long-tail (no rollout moves its tail without it)")
-    if long_tail and engine is Engine.CONTROL:
-        raise typer.BadParameter(
-            "--long-tail needs the fast engine: the live control plane (and so --engine control) does not "
-            "move rollout tails yet"
-        )
     fault_plan = Faults(seed=seed) if faults else None
     loaded = _load_trace(trace, profile, slo_uniform, seed)
     if long_tail:

@@ -12,6 +12,14 @@ before its moves start and it is dropped if its groups changed meanwhile
 state has crossed, and the SLO guard runs after every measured iteration. What this host
 adds is only what the service's asyncio tasks add: the waiting.
 
+A job whose rollout moves its long tail (``JobSpec.tail``) is granted an *elastic* rollout
+and driven as the live driver drives one (:func:`rollmux.jobs.long_tail.run_chunks`): its
+head is work shared out over the nodes it holds, so each widening speeds it up; when the
+head is done its tail moves onto the first ``tail.nodes`` nodes it holds and it sheds the
+others (:meth:`ControlState.shed`), which go to the next rollout in turn at once. The
+durations are the core's model of it (:func:`rollmux.core.roundrobin.elastic_visit`), so
+the two engines price the same rollouts.
+
 Costs it charges that the fast simulator does not (:class:`HostCosts`, each named by its
 source): a job's cold start before it first runs, readying a regrouping's new nodes, and
 the transfer of a moved job's state. Nodes are paid from the moment the state machine holds
@@ -40,11 +48,12 @@ from pathlib import Path
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.configs import colocated_phases
-from rollmux.core.control import ENDED_STATES, RUNNING, ControlState, Delta, PhaseTiming
+from rollmux.core.control import ENDED_STATES, RUNNING, ControlState, Delta, Job, PhaseTiming
 from rollmux.core.placement import Policy
 from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool
+from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool, RolloutTail
+from rollmux.core.turns import JobNodes
 from rollmux.inputs.trace import Trace
 from rollmux.service.store import Store
 from rollmux.sim.decisions import DECISION_KINDS
@@ -106,6 +115,49 @@ class Recorded:
 
 
 @dataclass
+class _Elastic:
+    """An elastic rollout under way, as its driver would see it. Its head is ``width * (1 -
+    share) * R`` node-seconds of work for a rollout of ``R`` seconds on its whole seat, done
+    at one node-second per second on each node it holds (engines pulling requests from one
+    queue: a widening raises the rate from that moment); its tail then takes ``share * R``
+    seconds plus the resumption on the nodes it kept. Times are booked per *segment* (since
+    the nodes it holds last changed), so busy time lands on the nodes that worked."""
+
+    token: int
+    share: float
+    keep: int
+    """Nodes its tail moves onto (the first it holds; all of them when it holds fewer)."""
+    head_s: float
+    """Node-seconds of head work in all."""
+    left_s: float
+    """Node-seconds of head work left at ``since``."""
+    tail_s: float
+    nodes: tuple[int, ...]
+    since: float
+    tail_at: float | None = None
+    """When its tail moved (None: its head is still running)."""
+    generation: int = 0
+    """Of its head-end event: a widening puts the head's end earlier and the earlier event stale."""
+
+    @staticmethod
+    def begin(
+        tail: RolloutTail, width: int, rollout_s: float, token: int, nodes: tuple[int, ...], now: float
+    ) -> _Elastic:
+        """A rollout of ``rollout_s`` on a seat ``width`` nodes wide, begun at ``now`` on ``nodes``."""
+        head_s = width * (1 - tail.share) * rollout_s
+        tail_s = tail.share * rollout_s + tail.resume_s
+        return _Elastic(token, tail.share, tail.nodes, head_s, head_s, tail_s, nodes, now)
+
+    def done(self, now: float) -> float:
+        """The share of the rollout done by ``now``: the head's by its work, the tail's by its time."""
+        if self.tail_at is None:
+            left = max(0.0, self.left_s - len(self.nodes) * (now - self.since))
+            return (1 - self.share) * (1 - left / self.head_s) if self.head_s > 0 else 1 - self.share
+        tail = min(1.0, (now - self.tail_at) / self.tail_s) if self.tail_s > 0 else 1.0
+        return 1 - self.share + self.share * tail
+
+
+@dataclass
 class _Tracked:
     """What the host knows of one job beyond the state machine: its trace entry (its spec as
     it submits itself, see ``TraceJob.submitted``), its phase in progress and its
@@ -128,6 +180,8 @@ class _Tracked:
     fault_at: float | None = None
     """When a fault last took its session (until its new session begins)."""
     lost_s: float = 0.0
+    elastic: _Elastic | None = None
+    """Its elastic rollout under way (None: its phase in progress, if any, holds its nodes to the end)."""
 
 
 @dataclass
@@ -240,6 +294,7 @@ class _Host:
             "depart": self.depart,
             "started": self.started,
             "phase_end": self.phase_end,
+            "head_end": self.head_end,
             "carried": self.carried,
             "round": self.round,
             "apply": self.apply,
@@ -353,9 +408,10 @@ class _Host:
             self.state.acquire(name, job.next_phase, job.epoch, self.now)
 
     def granted(self, name: str) -> None:
+        """A phase granted, or an elastic rollout under way widened (the same token again)."""
         job = self.state.jobs.get(name)
         grant = job.grant if job is not None else None
-        if grant is None:
+        if job is None or grant is None:
             return  # revoked in the same step (its session lost to a fault)
         for node in grant.nodes:
             other = self.holders.get(node)
@@ -365,6 +421,10 @@ class _Host:
         tracked = self.jobs[name]
         if tracked.dead:
             return  # granted to a killed driver: the nodes idle until its lease runs out
+        run = tracked.elastic
+        if run is not None and run.token == grant.token:
+            self.widened(name, run, grant.nodes)
+            return
         seat = self.state.seat(name)
         true = colocated_phases(tracked.spec) if seat is not None and seat.colocated else None
         true = true or (tracked.spec.rollout, tracked.spec.train)
@@ -372,7 +432,59 @@ class _Host:
         if time is None:
             time = (true[0] if grant.phase == ROLLOUT else true[1]).sample(tracked.rng)
         tracked.phase_started, tracked.phase_s = self.now, time
-        self.at(self.now + time, "phase_end", name, grant.token)
+        tail = job.spec.tail
+        granting = self.granting_seat(job) if grant.phase == ROLLOUT and tail is not None else None
+        if tail is not None and granting is not None and granting.elastic:
+            tracked.elastic = _Elastic.begin(tail, len(granting.rollout), time, grant.token, grant.nodes, self.now)
+            self.head_due(name, tracked.elastic)
+        else:
+            self.at(self.now + time, "phase_end", name, grant.token)
+
+    def granting_seat(self, job: Job) -> JobNodes:
+        """The nodes of the seat whose turns granted the job its phase, and whether its
+        rollout is elastic: as its group's turns have it, or, for a job that began to move
+        in the same step (it left them), as its old seat makes it (a co-located seat names
+        its training nodes for its rollout and moves no tail)."""
+        if job.move is None:
+            return self.state.turns[self.state.cluster.group_of(job.name).id].nodes[job.name]
+        move, tail = job.move, job.spec.tail
+        colocated = move.rollout_from == move.train_from
+        elastic = tail is not None and not colocated and tail.applies(len(move.rollout_from))
+        return JobNodes(move.rollout_from, move.train_from, elastic)
+
+    def head_due(self, name: str, run: _Elastic) -> None:
+        """The head's end at the rate of the nodes it holds now (an earlier one goes stale)."""
+        run.generation += 1
+        self.at(self.now + run.left_s / len(run.nodes), "head_end", name, run.token, run.generation)
+
+    def segment(self, run: _Elastic) -> None:
+        """Book the nodes' work since the last change of the nodes held: busy, and head work done."""
+        self.busy(run.nodes, self.now - run.since)
+        if run.tail_at is None:
+            run.left_s = max(0.0, run.left_s - len(run.nodes) * (self.now - run.since))
+        run.since = self.now
+
+    def widened(self, name: str, run: _Elastic, nodes: tuple[int, ...]) -> None:
+        """More nodes joined the rollout: its head goes on faster from now."""
+        self.segment(run)
+        run.nodes = nodes
+        if run.tail_at is None:
+            self.head_due(name, run)
+
+    def head_end(self, name: str, token: int, generation: int) -> None:
+        """The head's work is done: its tail moves onto the first nodes it holds, as the live
+        driver does at its threshold, and the others are shed; it ends a tail later."""
+        job, tracked = self.state.jobs.get(name), self.jobs[name]
+        run = tracked.elastic
+        if job is None or job.grant is None or job.grant.token != token or tracked.dead:
+            return  # revoked meanwhile (ended, lost), or its driver was killed
+        if run is None or run.token != token or run.generation != generation or run.tail_at is not None:
+            return  # put earlier by a widening
+        self.segment(run)
+        keep = job.grant.nodes[: run.keep]
+        run.nodes = self.state.shed(name, ROLLOUT, job.epoch, token, keep, self.now).nodes
+        run.tail_at = self.now
+        self.at(self.now + run.tail_s, "phase_end", name, token)
 
     def phase_end(self, name: str, token: int) -> None:
         job = self.state.jobs.get(name)
@@ -380,11 +492,16 @@ class _Host:
             return  # revoked meanwhile (ended, lost), or its driver was killed
         phase, tracked = job.grant.phase, self.jobs[name]
         tracked.work_s += self.solo_share(tracked, phase)
-        self.busy(job.grant.nodes, tracked.phase_s)
+        held_s = tracked.phase_s
+        if tracked.elastic is not None:
+            self.segment(tracked.elastic)
+            tracked.elastic, held_s = None, self.now - tracked.phase_started
+        else:
+            self.busy(job.grant.nodes, tracked.phase_s)
         seat = self.state.seat(name)
         if seat is not None and seat.colocated:
             tracked.colocated_s += tracked.phase_s
-        self.state.release(name, phase, job.epoch, token, PhaseTiming(busy_s=tracked.phase_s), self.now)
+        self.state.release(name, phase, job.epoch, token, PhaseTiming(busy_s=held_s), self.now)
         self.run.phases += 1
         if name in self.state.jobs:
             self.ask(name)
@@ -395,6 +512,16 @@ class _Host:
         """Book a phase's time on its nodes as busy (the pools' busy fractions)."""
         for node in nodes:
             self.result.pools[self.held[node][0]].busy_node_seconds += seconds
+
+    def cut_short(self, tracked: _Tracked, nodes: tuple[int, ...], seconds: float) -> float:
+        """The phase in progress stops now: its time so far (``seconds``; an elastic
+        rollout's since its last segment) is booked busy. Returns the share of it done."""
+        run, tracked.elastic = tracked.elastic, None
+        if run is None:
+            self.busy(nodes, seconds)
+            return min(1.0, (self.now - tracked.phase_started) / tracked.phase_s)
+        self.segment(run)
+        return run.done(self.now)
 
     @staticmethod
     def solo_share(tracked: _Tracked, phase: str) -> float:
@@ -412,9 +539,8 @@ class _Host:
             self.account(name)
             return
         if job.grant is not None and tracked.phase_s > 0 and not tracked.dead:
-            done = min(1.0, (self.now - tracked.phase_started) / tracked.phase_s)
+            done = self.cut_short(tracked, job.grant.nodes, self.now - tracked.phase_started)
             tracked.work_s += done * self.solo_share(tracked, job.grant.phase)
-            self.busy(job.grant.nodes, self.now - tracked.phase_started)
         self.state.end(name, "done", self.now)
         tracked.moves, tracked.paused_s = job.moves, job.paused_s
         self.account(name)
@@ -527,8 +653,7 @@ class _Host:
         redo = 0.0
         if job.grant is not None and tracked.phase_s > 0:
             spent = min(self.now - tracked.phase_started, tracked.phase_s)
-            self.busy(job.grant.nodes, spent)
-            redo += spent / tracked.phase_s * self.solo_share(tracked, job.grant.phase)
+            redo += self.cut_short(tracked, job.grant.nodes, spent) * self.solo_share(tracked, job.grant.phase)
         training = job.grant.phase == TRAIN if job.grant is not None else job.next_phase == TRAIN
         if training:
             tracked.work_s -= tracked.spec.rollout.mean
