@@ -97,6 +97,19 @@ def test_a_node_never_taken_goes_on_once_the_tail_moved_without_it():
     assert again is not None and again.nodes == (a.nodes[0],)  # not kept waiting for b, which will not take it
 
 
+def test_an_elastic_rollout_is_learnt_by_the_node_seconds_it_held_not_by_its_span():
+    state, epochs = sharing(tailed("a"), tailed("b"))
+    a = state.acquire("a", "rollout", epochs["a"], 0.0)
+    state.acquire("b", "rollout", epochs["b"], 0.0)
+    state.shed("a", "rollout", epochs["a"], a.token, [a.nodes[0]], 6.0)  # 2 nodes x 6 s, then 1 node x 4 s
+    state.release("a", "rollout", epochs["a"], a.token, PhaseTiming(), 10.0)
+    b = state.job("b").grant  # 1 node from 6 s, 2 nodes from 10 s: a span of 10 s, 12 node-seconds
+    state.shed("b", "rollout", epochs["b"], b.token, [b.nodes[0]], 16.0)
+    state.release("b", "rollout", epochs["b"], b.token, PhaseTiming(), 20.0)
+    assert state.measured[("a", "rollout")] == [pytest.approx(10.0)]  # (2 x 6 + 4) / (2 - 0.4)
+    assert state.measured[("b", "rollout")] == [pytest.approx(20.0 / 1.6)]  # 6 + 2 x 4 + ... = 20 node-s
+
+
 def test_a_shed_is_refused_without_a_tail_to_move_or_a_node_to_keep_and_a_retry_changes_nothing():
     state, epochs = sharing(tailed("a"), tailed("plain", tail=None))
     a = state.acquire("a", "rollout", epochs["a"], 1.0)

@@ -137,6 +137,12 @@ class Grant:
     shed: tuple[int, ...] = ()
     tail_moved: bool = False
     """Its tail moved (onto the nodes it holds now): it is widened no more."""
+    shed_node_s: float = 0.0
+    """Node-seconds the nodes it shed were held, each from when it took it."""
+
+    def node_seconds(self, now: float) -> float:
+        """Node-seconds the grant held until ``now``, shed nodes included."""
+        return self.shed_node_s + sum(now - self.held_since(node) for node in self.nodes)
 
     def held_since(self, node: int) -> float:
         """When the grant took ``node``: its start, or when it was widened onto it."""
@@ -594,7 +600,9 @@ class ControlState:
             self._release_moving(job, timing, now)
             return
         group = self.cluster.group_of(name)
-        freed, granted_at = job.grant.nodes, job.grant.granted_at
+        freed, held_s = job.grant.nodes, now - job.grant.granted_at
+        if self.turns[group.id].elastic(name, phase):  # its time depends on when it got its nodes
+            held_s = job.spec.rollout_from_node_seconds(job.grant.node_seconds(now))
         self.turns[group.id].finish(name, phase)
         self._delta.phases.extend(job.grant.ended(freed, now, timing, "released"))
         job.next_phase = TRAIN if phase == ROLLOUT else ROLLOUT
@@ -604,7 +612,7 @@ class ControlState:
             self._count_period(name, now)
         job.grant, job.last_token = None, token
         self._touch(job)  # its group's row (its nodes) is unchanged: a phase switch writes one row
-        self._learn(job, phase, now - granted_at)
+        self._learn(job, phase, held_s)
         turns = self.turns[group.id]
         self._grant_due(group, now, {turns.due(node) for node in freed})
 
@@ -632,7 +640,8 @@ class ControlState:
             raise PhaseOrderError(f"job {name}: its {phase} has no tail to move, so it holds its nodes to the end")
         turns.give_back(name, gone)
         self._delta.phases.extend(grant.ended(gone, now, PhaseTiming(), "shed"))
-        job.grant = replace(grant, nodes=kept, shed=grant.shed + gone, tail_moved=True)
+        shed_node_s = grant.shed_node_s + sum(now - grant.held_since(node) for node in gone)
+        job.grant = replace(grant, nodes=kept, shed=grant.shed + gone, tail_moved=True, shed_node_s=shed_node_s)
         self._touch(job)
         self._touch_group(group.id)
         self._grant_due(group, now, {turns.due(node) for node in turns.shed[name]})

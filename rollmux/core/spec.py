@@ -207,6 +207,17 @@ class JobSpec:
         whole = tail.rollout_s(rollout_s)
         return self.rollout_width * whole - (self.rollout_width - tail.nodes) * tail.tail_s(rollout_s)
 
+    def rollout_from_node_seconds(self, node_s: float) -> float:
+        """The planned rollout seconds that hold ``node_s`` node-seconds (the inverse of
+        :meth:`rollout_node_seconds`): what an elastic rollout measured live is learnt
+        as, since its time from grant to release depends on when it got its nodes."""
+        if not self.moves_tail:
+            return node_s / self.rollout_width
+        tail = self.tail
+        assert tail is not None
+        width = self.rollout_width
+        return max(0.0, node_s - tail.nodes * tail.resume_s) / (width - (width - tail.nodes) * tail.share)
+
     def solo_iteration(self) -> float:
         """Mean iteration time alone on dedicated disaggregated nodes: the slowdown's denominator."""
         return self.rollout.mean + self.train.mean

@@ -558,6 +558,7 @@ def _grant_dict(grant: Grant) -> dict[str, Any]:
         "joined": [list(pair) for pair in grant.joined],
         "shed": list(grant.shed),
         "tail_moved": grant.tail_moved,
+        "shed_node_s": grant.shed_node_s,
     }
 
 
@@ -577,6 +578,7 @@ def _record(row: JobRow) -> JobRecord:
             tuple((node, at) for node, at in g.get("joined", ())),
             tuple(g.get("shed", ())),
             g.get("tail_moved", False),
+            g.get("shed_node_s", 0.0),
         )
     job = Job(
         name=row.name,
