@@ -206,13 +206,15 @@ def run_chunks(
     """Chunks on every held node with unfinished requests until all are done: widened
     onto the nodes the control plane adds until the tail moves (``tail.threshold`` of the
     requests done), then on the tail's nodes only (the first ``tail.nodes`` it holds, or
-    all it holds when that is fewer: it is widened no more either way). Returns the
-    requests by node and the share done when the tail moved (None: the job has no tail)."""
+    all it holds when that is fewer: it is widened no more either way). It asks the
+    control plane for more nodes only while it holds fewer than its seat's, one round trip
+    a chunk then. Returns the requests by node and the share done when the tail moved
+    (None: the job has no tail)."""
     tail, moved_at = session.tail, None
     while not all(r.done for share in shares.values() for r in share):
         assert session.grant is not None
         if moved_at is None:
-            if session.widen():
+            if len(session.grant.nodes) < len(session.rollout_nodes) and session.widen():
                 shares = consolidate(shares, session.grant.nodes)
             done = progress([r for share in shares.values() for r in share])
             if tail is not None and done >= tail.threshold:
