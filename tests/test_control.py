@@ -353,25 +353,18 @@ def test_a_restart_keeps_unseated_jobs_parked_and_gives_seated_ones_a_full_grace
     assert after.seat("gone") is not None
 
 
-class Scenario(RuleBasedStateMachine):
-    """Random sessions, phases, lost leases, restarts, departures, regroupings (moves carried
-    out at random moments) and control-plane crashes on five jobs in two groups, three of
-    them with elastic rollouts two nodes wide that shed nodes at random moments; every
-    change persisted as the service persists it, and the phase log kept."""
+class Persisted(RuleBasedStateMachine):
+    """A control state whose every change is persisted as the service persists it, with
+    the phase log kept; subclasses build ``state`` and call :meth:`persist`."""
+
+    state: ControlState
 
     def __init__(self):
         super().__init__()
         self.folder = tempfile.TemporaryDirectory()
         self.store = Store(f"sqlite:///{Path(self.folder.name) / 'state.db'}")
-        self.state = control()
         self.now = 0.0
-        self.tokens: list[int] = []
         self.log: list = []
-        for name in "abcde":
-            tailed = name in "cde"
-            tail = RolloutTail(0.4) if tailed else None
-            self.state.submit(spec(name, slo=1.6 if not tailed else 4.0, rollout_width=1 + tailed, tail=tail), {}, 0)
-        self.persist()
 
     def teardown(self):
         self.store.engine.dispose()
@@ -381,6 +374,37 @@ class Scenario(RuleBasedStateMachine):
         delta = self.state.drain()
         self.log += delta.phases
         self.store.apply([delta])
+
+    @invariant()
+    def no_node_ran_two_phases_at_once(self):
+        """Every node's lines of the phase log, and the grants held now, never overlap."""
+        spans: dict[int, list[tuple[float, float, str]]] = {}
+        for entry in self.log:
+            for node in entry.grant.nodes:
+                spans.setdefault(node, []).append((entry.grant.granted_at, entry.ended_at, entry.grant.job))
+        for name, job in self.state.jobs.items():
+            for node in job.grant.nodes if job.grant else ():
+                spans.setdefault(node, []).append((job.grant.held_since(node), self.now, name))
+        for node, held in spans.items():
+            held.sort()
+            for (_, end, first), (start, _, second) in zip(held, held[1:], strict=False):
+                assert end <= start, f"node {node}: {first} until {end}, {second} from {start}"
+
+
+class Scenario(Persisted):
+    """Random sessions, phases, lost leases, restarts, departures, regroupings (moves carried
+    out at random moments) and control-plane crashes on five jobs in two groups, three of
+    them with elastic rollouts two nodes wide that shed nodes at random moments."""
+
+    def __init__(self):
+        super().__init__()
+        self.state = control()
+        self.tokens: list[int] = []
+        for name in "abcde":
+            tailed = name in "cde"
+            tail = RolloutTail(0.4) if tailed else None
+            self.state.submit(spec(name, slo=1.6 if not tailed else 4.0, rollout_width=1 + tailed, tail=tail), {}, 0)
+        self.persist()
 
     def live(self, state: str | tuple[str, ...]) -> list[str]:
         wanted = (state,) if isinstance(state, str) else state
@@ -509,21 +533,6 @@ class Scenario(RuleBasedStateMachine):
             if job.grant is not None and job.move is None and job.grant.phase == "rollout":
                 turns = self.state.turns[self.state.cluster.group_of(name).id]
                 assert not turns._ready(name, "rollout") or not turns.elastic(name, "rollout"), f"{name} could widen"
-
-    @invariant()
-    def no_node_ran_two_phases_at_once(self):
-        """Every node's lines of the phase log, and the grants held now, never overlap."""
-        spans: dict[int, list[tuple[float, float, str]]] = {}
-        for entry in self.log:
-            for node in entry.grant.nodes:
-                spans.setdefault(node, []).append((entry.grant.granted_at, entry.ended_at, entry.grant.job))
-        for name, job in self.state.jobs.items():
-            for node in job.grant.nodes if job.grant else ():
-                spans.setdefault(node, []).append((job.grant.held_since(node), self.now, name))
-        for node, held in spans.items():
-            held.sort()
-            for (_, end, first), (start, _, second) in zip(held, held[1:], strict=False):
-                assert end <= start, f"node {node}: {first} until {end}, {second} from {start}"
 
     @invariant()
     def each_job_in_one_group_and_paid_nodes_logged(self):

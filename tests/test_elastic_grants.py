@@ -6,13 +6,11 @@ no node ever holds two jobs' phases, and a control-plane restart keeps it all.""
 from __future__ import annotations
 
 import copy
-import tempfile
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.control import RUNNING, ControlState, PhaseEntry, PhaseTiming
@@ -20,7 +18,7 @@ from rollmux.core.errors import PhaseOrderError, StaleEpoch
 from rollmux.core.placement import make_policy
 from rollmux.core.spec import JobSpec, PhaseTime, RolloutTail
 from rollmux.service.store import Store
-from tests.test_control import LEASE, restored
+from tests.test_control import LEASE, Persisted, restored
 
 TAIL = RolloutTail(0.4)
 
@@ -146,27 +144,14 @@ def test_a_restart_keeps_a_shed_and_a_widening_so_nothing_is_granted_twice(tmp_p
     assert again.job("b").grant == after.job("b").grant
 
 
-class ElasticGroup(RuleBasedStateMachine):
+class ElasticGroup(Persisted):
     """Three elastic jobs on the same two rollout nodes asking, shedding and releasing at
-    random moments, with control-plane crashes; every change persisted."""
+    random moments, with control-plane crashes."""
 
     def __init__(self):
         super().__init__()
-        self.folder = tempfile.TemporaryDirectory()
-        self.store = Store(f"sqlite:///{Path(self.folder.name) / 'state.db'}")
         self.state, self.epochs = sharing(tailed("a"), tailed("b"), tailed("c"))
-        self.now = 0.0
-        self.log: list[PhaseEntry] = []
         self.persist()
-
-    def teardown(self):
-        self.store.engine.dispose()
-        self.folder.cleanup()
-
-    def persist(self) -> None:
-        delta = self.state.drain()
-        self.log += delta.phases
-        self.store.apply([delta])
 
     def holding(self, phase: str | None = None) -> list[str]:
         jobs = self.state.jobs.items()
@@ -205,19 +190,6 @@ class ElasticGroup(RuleBasedStateMachine):
         for name in "abc":
             self.state.heartbeat(name, self.epochs[name], self.now)
         assert {n: j.grant for n, j in self.state.jobs.items()} == grants
-
-    @invariant()
-    def no_node_ran_two_phases_at_once(self):
-        held: dict[int, list[tuple[float, float, str]]] = {}
-        for (job, node), times in spans(self.log).items():
-            held.setdefault(node, []).extend((start, end, job) for start, end in times)
-        for name, job in self.state.jobs.items():
-            for node in job.grant.nodes if job.grant else ():
-                held.setdefault(node, []).append((job.grant.held_since(node), self.now, name))
-        for node, times in held.items():
-            times.sort()
-            for (_, end, first), (start, _, second) in zip(times, times[1:], strict=False):
-                assert end <= start, f"node {node}: {first} until {end}, {second} from {start}"
 
     @invariant()
     def every_free_node_due_to_an_asking_job_is_taken(self):

@@ -46,8 +46,8 @@ from rollmux.jobs.trl_grpo import (
     request_seeds,
     scored_rollout,
     tiny_qwen2,
+    trainer_sampling,
 )
-from rollmux.jobs.vllm_engine import Sampling
 from rollmux.sdk.adapter import ParkedRole
 from rollmux.sdk.session import Session
 
@@ -107,7 +107,7 @@ class TailRollout(TRLVLLMRollout):
         self.require_version(iteration)
         task = self.task
         assert isinstance(task, TailTask)
-        return generate_chunk(self, requests, task.chunk_tokens, self._sampling(self.trainer), node)
+        return generate_chunk(self, requests, task.chunk_tokens, trainer_sampling(self.trainer), node)
 
     def score(self, iteration: int, requests: list[Request]) -> dict[str, Any]:
         """TRL's rollout step on the completed requests: rewards, advantages, the batch."""
@@ -131,17 +131,6 @@ class TailRollout(TRLVLLMRollout):
             "completion_ids": [r.tokens for r in self._completed],
             "logprobs": [r.logprobs for r in self._completed],
         }
-
-    @staticmethod
-    def _sampling(trainer: trl.GRPOTrainer) -> Sampling:
-        return Sampling(
-            max_tokens=trainer.max_completion_length,
-            temperature=trainer.temperature,
-            top_p=trainer.top_p,
-            top_k=trainer.top_k,
-            min_p=trainer.min_p or 0.0,
-            repetition_penalty=trainer.repetition_penalty,
-        )
 
 
 @dataclass(frozen=True)

@@ -547,20 +547,25 @@ class TRLVLLMRollout(VLLMRollout):
         """TRL's ``rollout_func``: its prompts (each already repeated ``num_generations``
         times) tokenized as TRL does, one engine request per row with its own seed."""
         prompt_ids = trainer._tokenize_prompts(prompts)[0]
-        sampling = Sampling(
-            max_tokens=trainer.max_completion_length,
-            temperature=trainer.temperature,
-            top_p=trainer.top_p,
-            top_k=trainer.top_k,
-            min_p=trainer.min_p or 0.0,
-            repetition_penalty=trainer.repetition_penalty,
-        )
-        completions = self.complete(prompt_ids, request_seeds(self.task.seed, self._iteration, len(prompts)), sampling)
+        seeds = request_seeds(self.task.seed, self._iteration, len(prompts))
+        completions = self.complete(prompt_ids, seeds, trainer_sampling(trainer))
         return {
             "prompt_ids": prompt_ids,
             "completion_ids": [c.token_ids for c in completions],
             "logprobs": [c.logprobs for c in completions],
         }
+
+
+def trainer_sampling(trainer: trl.GRPOTrainer) -> Sampling:
+    """TRL's sampling settings of ``trainer`` for a vLLM engine."""
+    return Sampling(
+        max_tokens=trainer.max_completion_length,
+        temperature=trainer.temperature,
+        top_p=trainer.top_p,
+        top_k=trainer.top_k,
+        min_p=trainer.min_p or 0.0,
+        repetition_penalty=trainer.repetition_penalty,
+    )
 
 
 class TRLTrainer(ParkedRole):

@@ -21,7 +21,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -339,19 +339,8 @@ def node_records(log: list[dict[str, Any]]) -> list[PhaseRecord]:
 
 
 def _held(entry: dict[str, Any]) -> PhaseRecord:
-    return PhaseRecord(
-        job=entry["job"],
-        phase=entry["phase"],
-        iteration=entry["iteration"],
-        nodes=tuple(entry["nodes"]),
-        requested=entry["requested_at"],
-        granted=entry["granted_at"],
-        started=entry["granted_at"],
-        ended=entry["ended_at"],
-        released=entry["ended_at"],
-        wake_s=0.0,
-        sleep_s=0.0,
-    )
+    """A shed or widened node's line: busy from its grant to its end."""
+    return replace(_record(entry), started=entry["granted_at"], ended=entry["ended_at"], wake_s=0.0, sleep_s=0.0)
 
 
 def _record(entry: dict[str, Any]) -> PhaseRecord:
