@@ -176,7 +176,8 @@ def compare_decisions(
 ) -> dict[str, Any]:
     """The live plane's placements and moves next to the virtual-clock host's, replaying
     the same submissions with the phase, start-up and transfer times the live run measured
-    (:func:`replay.as_recorded`), in the live plane's own units and settings."""
+    (:func:`replay.as_recorded`), in the live plane's own units and settings; with the
+    virtual clock's cost (in trace time) and SLO attainment, what the live run is judged by."""
     live_options = ControlOptions()
     recorded_trace, recorded = replay.as_recorded(trace, log, options)
     run = simulate_control(
@@ -191,7 +192,9 @@ def compare_decisions(
     )
     order = {job.spec.name: index for index, job in enumerate(recorded_trace.jobs)}
     live, control = replay.live_decisions(log, order), decisions(run.decision_events, order)
-    return divergence(live, control)
+    # Its clock runs in the live plane's seconds: node-seconds, and so dollars, times the scale.
+    outcome = {"cost_usd": run.result.cost_usd * options.time_scale, "slo_attainment": run.result.slo_attainment}
+    return {**divergence(live, control), "virtual_clock": outcome}
 
 
 def agreement_table(report: dict[str, Any]) -> Table:
@@ -203,6 +206,12 @@ def agreement_table(report: dict[str, Any]) -> Table:
         real, sim = report["realised"][key], report["simulated"][key]
         table.add_row(key, f"{real:,.3f}", f"{sim:,.3f}", f"{real / sim:.3f}" if sim else "-")
     table.add_row("overlaps", str(len(report["overlaps"])), "0", "")
+    clock = report["decisions"]["virtual_clock"]
+    real = report["realised"]
+    table.add_row(
+        "cost_usd, virtual clock", "", f"{clock['cost_usd']:,.3f}", f"{real['cost_usd'] / clock['cost_usd']:.3f}"
+    )
+    table.add_row("slo_attainment, virtual clock", "", f"{clock['slo_attainment']:.3f}", "")
     realised = report["realised"]
     if realised["kills"]:
         table.add_row(
