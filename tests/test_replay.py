@@ -39,6 +39,7 @@ def test_a_window_of_the_trace_replayed_live_costs_what_the_simulator_says_and_d
     assert (tmp_path / "timeline.json").exists() and (tmp_path / "cost-rate.png").exists()
     decided = report["decisions"]
     assert decided["same"], decided["first_divergence"]
+    assert abs(realised["cost_usd"] / decided["virtual_clock"]["cost_usd"] - 1) <= 0.03
     assert decided["live_by_kind"]["moving"] == realised["migrations"] >= 1 and decided["live_by_kind"]["placed"] >= 8
     assert "decisions: live" in result.output and "the same sequence" in result.output
 
