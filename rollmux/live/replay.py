@@ -15,7 +15,6 @@ downtime and the iterations it had to train again — is read back from the same
 
 from __future__ import annotations
 
-import bisect
 import os
 import random
 import re
@@ -35,15 +34,12 @@ from rollmux.inputs.runfile import JobSubmission
 from rollmux.inputs.trace import Trace, TraceJob
 from rollmux.sim.control_host import Recorded
 from rollmux.sim.decisions import Decision, decisions
+from rollmux.sim.periods import CHANGES, PeriodJudgement, judge_periods
 from rollmux.wire.client import Client, ServiceError
 
 EMULATED = "rollmux.jobs.emulated:EmulatedJob.from_context"
-SLO_TOLERANCE = 0.02
-"""A realised period within 2 % of the SLO counts as within it (timer and switching jitter)."""
 HOUR = 3600.0
 DRIVER_PID = re.compile(r"\bpid (\d+) on (\S+)")
-CHANGES = frozenset({"running", "moved", "lost", "done", "failed", "cancelled"})
-"""Job events that change their group's turns."""
 
 
 @dataclass(frozen=True)
@@ -297,16 +293,16 @@ def realised(trace: Trace, log: ReplayLog, options: ReplayOptions, cost: CostMod
     k = options.time_scale
     held = _node_seconds(log, k)
     cost_usd = sum(seconds / HOUR * cost.price(pool) for (_, pool), seconds in held.items())
-    slowdowns, attainment, judged = _slowdowns(trace, log, k)
-    values = sorted(slowdowns.values())
+    judgement = _slowdowns(trace, log, k)
+    slowdowns, values = judgement.slowdowns, sorted(judgement.slowdowns.values())
     span_h = (log.ended - log.began) * k / HOUR
     return {
         "cost_usd": cost_usd,
         "cost_usd_per_hour": cost_usd / span_h if span_h else 0.0,
         "cost_node_hours": sum(held.values()) / HOUR,
         **{f"{pool.value}_node_hours": sum(s for (_, p), s in held.items() if p is pool) / HOUR for pool in Pool},
-        "slo_attainment": attainment,
-        "judged_job_hours": judged / HOUR,
+        "slo_attainment": judgement.attainment,
+        "judged_job_hours": judgement.judged_s / HOUR,
         "mean_slowdown": statistics.fmean(values) if values else float("nan"),
         "p99_slowdown": values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan"),
         "max_slowdown": values[-1] if values else float("nan"),
@@ -452,36 +448,17 @@ def _cost_rate(log: ReplayLog, k: float, cost: CostModel) -> list[tuple[float, f
     return points
 
 
-def _slowdowns(trace: Trace, log: ReplayLog, k: float) -> tuple[dict[str, float], float, float]:
-    """Each job's mean realised slowdown, and the share of judged job-time within SLO.
+def _slowdowns(trace: Trace, log: ReplayLog, k: float) -> PeriodJudgement:
+    """Each job's realised periods judged in trace time (:func:`judge_periods`): a job
+    joins its group's turns once its roles are loaded, a moment after its arrival."""
+    changes = [e["at"] - log.began for events in log.events.values() for e in events if e["kind"] in CHANGES]
+    return judge_periods(trace.jobs, _train_ends(log), changes, scale=k)
 
-    A job's iteration period is the time between two of its training releases, in trace
-    time. A period is judged when no change of turns falls in it or in the period before
-    it — a trace event, or a job joining or leaving its group's turns (it joins once its
-    roles are loaded, a moment after its arrival): the round-robin's start-up transient
-    after a change is left out, as the simulator's steady state leaves it out, and so is
-    the job's first iteration (its cold start).
-    """
-    changes = {(e["at"] - log.began) * k for events in log.events.values() for e in events if e["kind"] in CHANGES}
-    boundaries = sorted({job.arrival for job in trace.jobs} | {job.departure for job in trace.jobs} | changes)
+
+def _train_ends(log: ReplayLog) -> dict[str, list[float]]:
+    """Each job's training releases, in wall seconds from the replay's start."""
     ends: dict[str, list[float]] = {}
     for entry in log.phase_log:
         if entry["phase"] == "train" and entry["outcome"] == "released":
-            ends.setdefault(entry["job"], []).append((entry["ended_at"] - log.began) * k)
-    slowdowns: dict[str, float] = {}
-    within = judged = 0.0
-    for job in trace.jobs:
-        spec, times = job.spec, sorted(ends.get(job.spec.name, []))
-        solo = spec.solo_iteration()
-        periods = [
-            times[i] - times[i - 1]
-            for i in range(2, len(times))
-            if bisect.bisect_right(boundaries, times[i - 2]) == bisect.bisect_right(boundaries, times[i])
-        ]
-        if not periods:
-            continue
-        slowdowns[spec.name] = statistics.fmean(periods) / solo
-        for period in periods:
-            judged += period
-            within += period if period <= spec.slo * solo * (1 + SLO_TOLERANCE) else 0.0
-    return slowdowns, (within / judged if judged else float("nan")), judged
+            ends.setdefault(entry["job"], []).append(entry["ended_at"] - log.began)
+    return ends

@@ -67,6 +67,7 @@ from rollmux.sim.faults import (
     Faults,
     schedule,
 )
+from rollmux.sim.periods import CHANGES
 from rollmux.sim.simulator import HOUR, JobAccount, SimResult
 
 MAX_PHASES = 2_000_000
@@ -200,6 +201,10 @@ class ControlRun:
     faults: FaultAccount | None = None
     decision_events: list[dict[str, object]] = field(default_factory=list)
     """The job events that record decisions (:data:`~rollmux.sim.decisions.DECISION_KINDS`)."""
+    train_ends: dict[str, list[float]] = field(default_factory=dict)
+    """Each job's training releases: its iteration periods (:mod:`rollmux.sim.periods`)."""
+    turn_changes: list[float] = field(default_factory=list)
+    """Moments a job joined or left its group's turns (:data:`~rollmux.sim.periods.CHANGES`)."""
 
 
 class InvariantBroken(AssertionError):
@@ -330,7 +335,10 @@ class _Host:
         if self.journal:
             self.journal.append(delta)
         self.run.decision_events += [dataclasses.asdict(e) for e in delta.events if e.kind in DECISION_KINDS]
+        self.run.turn_changes += [e.at for e in delta.events if e.kind in CHANGES]
         for entry in delta.phases:
+            if entry.grant.phase == TRAIN and entry.outcome == "released":
+                self.run.train_ends.setdefault(entry.grant.job, []).append(entry.ended_at)
             for node in entry.grant.nodes:
                 if self.holders.get(node) == entry.grant.job:
                     del self.holders[node]
