@@ -394,18 +394,26 @@ class ControlPlane:
     async def _acquire(self, name: str, phase: str, epoch: int, wait_s: float) -> Grant | None:
         grant = self.state.acquire(name, phase, epoch, self.clock())
         await self._persist()
+        if grant is None:
+            # Granted while this call committed? Another call's commit may have woken the
+            # job before it waited here, and that wake is gone: it would wait out its poll.
+            grant = self._held(name, phase, epoch)
         if grant is None and wait_s > 0:
             waiter = self.waiters.setdefault(name, asyncio.Event())
             try:
                 await asyncio.wait_for(waiter.wait(), timeout=min(wait_s, self.options.lease_s / 2))
             except asyncio.TimeoutError:
                 pass
-            job = self.state.jobs.get(name)
-            held = job.grant if job is not None and job.epoch == epoch else None
-            grant = held if held is not None and held.phase == phase else None
+            grant = self._held(name, phase, epoch)
         if grant is not None:
             await self.journal.barrier()
         return grant
+
+    def _held(self, name: str, phase: str, epoch: int) -> Grant | None:
+        """The job's grant of ``phase`` in this incarnation, if it holds one."""
+        job = self.state.jobs.get(name)
+        held = job.grant if job is not None and job.epoch == epoch else None
+        return held if held is not None and held.phase == phase else None
 
     async def report(self, name: str, epoch: int, iteration: int, metrics: dict[str, float]) -> None:
         await self._live(name)
