@@ -150,6 +150,9 @@ class RayExecutor:
         await asyncio.gather(*(self.nodes.ready(node) for node in nodes))
         self._keep_standbys()
 
+    def nodes_readied(self) -> int:
+        return self.nodes.readied
+
     def _keep_standbys(self) -> None:
         """Start standbys in the background where a pool has fewer than it keeps (one took a
         dead node over), on units no node holds."""

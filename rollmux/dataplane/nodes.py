@@ -159,6 +159,10 @@ class NodeProvisioner:
         self.standbys: dict[Pool, list[ProvisionedNode]] = {pool: [] for pool in Pool}
         self._topping_up = threading.Lock()
         self._replacing: dict[int, asyncio.Lock] = {}
+        self.readied = 0
+        """Workers :meth:`ready` has seen answer for the first time (the platform's progress:
+        a launch waiting for its own nodes watches it)."""
+        self._answered: set[str] = set()
 
     def ensure(self, node_id: int, pool: Pool) -> ProvisionedNode:
         """The node's placement group and worker: found again if they survived, a warm
@@ -292,22 +296,28 @@ class NodeProvisioner:
         node = self.nodes[node_id]
         await node.group.ready()
         async with self._replacing.setdefault(node_id, asyncio.Lock()):  # one replacement per death
+            await self._answering(node)
+        if node.name not in self._answered:
+            self._answered.add(node.name)
+            self.readied += 1
+
+    async def _answering(self, node: ProvisionedNode) -> None:
+        """Return once the node's worker answers, replacing it if it died."""
+        try:
+            await node.worker.where.remote()
+            return
+        except ray.exceptions.RayActorError:
+            pass
+        while self.standbys[node.pool] or self.spares[node.pool]:
+            await asyncio.to_thread(self._standby_takes_over, node)
             try:
                 await node.worker.where.remote()
                 return
             except ray.exceptions.RayActorError:
-                pass
-            while self.standbys[node.pool] or self.spares[node.pool]:
-                await asyncio.to_thread(self._standby_takes_over, node)
-                try:
-                    await node.worker.where.remote()
-                    break
-                except ray.exceptions.RayActorError:
-                    continue  # that standby died too: the next one
-            else:
-                node.worker = await asyncio.to_thread(self._worker, node.name, node.pool, node.group)
-                node.worker.assign.remote(node_id)
-                await node.worker.where.remote()
+                continue  # that standby died too: the next one
+        node.worker = await asyncio.to_thread(self._worker, node.name, node.pool, node.group)
+        node.worker.assign.remote(node.node_id)
+        await node.worker.where.remote()
 
     def _standby_takes_over(self, node: ProvisionedNode) -> None:
         """The dead worker's reservation is given back (its unit will hold a new standby)
