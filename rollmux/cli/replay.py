@@ -43,6 +43,13 @@ one that waits for capacity the simulation had. A live move holds its jobs' old 
 each one's state has left them (the simulator moves at once), so a plan moving many jobs
 briefly needs more than the peak; one that does not fit waits for nodes to be given back
 (more headroom means more idle worker processes, whose CPU the phases then lack)."""
+MAX_WARM_WORKERS = 24
+"""Spare workers kept per pool at most: each is a process with torch loaded (about 250 MB)."""
+MAX_WARM_DRIVERS = 64
+"""Drivers of emulated jobs in one process at most (threads that mostly wait on HTTP)."""
+START_S, WORKER_START_S = 60.0, 6.0
+"""The embedded control plane's start is awaited this long plus this long per warm worker
+(46 took 2-3 minutes on two cores)."""
 COMPARED = ("cost_usd", "cost_usd_per_hour", "cost_node_hours", "slo_attainment", "mean_slowdown", "p99_slowdown")
 
 
@@ -84,6 +91,7 @@ def execute(
     simulated = compare(trace, ["rollmux"], seed=seed, planning=planning, regroup=RegroupConfig() if regroup else None)
     sim = simulated.results["rollmux"]
     summary = sim.summary()
+    options = warm_for_peak(options, summary, len(trace.jobs))
     rollout = math.ceil(summary["rollout_peak_nodes"] * HEADROOM) + 1
     train = math.ceil(summary["train_peak_nodes"] * HEADROOM) + 1
     warm = options.spare_workers + options.standby_workers
@@ -108,7 +116,7 @@ def execute(
             ),
             job_code=JOB_CODE,
         )
-    ).start()
+    ).start(timeout_s=START_S + WORKER_START_S * 2 * warm)
     try:
         client = Client(service.url, service.token)
         hours = trace.end / 3600
@@ -155,6 +163,22 @@ def execute(
     console.print(agreement_table(report))
     console.print(decisions_line(report["decisions"]))
     return report
+
+
+def warm_for_peak(options: replay.ReplayOptions, summary: dict[str, Any], jobs: int) -> replay.ReplayOptions:
+    """Keep as many spare workers per pool as the simulation's peak holds nodes (at most
+    ``MAX_WARM_WORKERS``), and room for every job's driver in the first driver process (at
+    most ``MAX_WARM_DRIVERS``), started before the replay's clock. A window of a trace
+    opens with the jobs running then submitted at once; their nodes and drivers were up in
+    the trace. Started on demand, 40 worker processes took 60-90 s of the window's 109 on
+    two cores while the running jobs' phases stalled, and jobs past the first process's 32
+    drivers waited 50-70 s for a second one."""
+    peak = math.ceil(max(summary["rollout_peak_nodes"], summary["train_peak_nodes"]))
+    return replace(
+        options,
+        spare_workers=max(options.spare_workers, min(peak, MAX_WARM_WORKERS)),
+        drivers_per_process=max(options.drivers_per_process, min(jobs, MAX_WARM_DRIVERS)),
+    )
 
 
 def scaled_regroup(time_scale: float) -> RegroupConfig:
