@@ -15,6 +15,7 @@ downtime and the iterations it had to train again — is read back from the same
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -199,7 +200,9 @@ def run(
     on_progress: Callable[[float, dict[str, Any]], None] | None = None,
     tick_s: float = 1.0,
 ) -> ReplayLog:
-    """Submit each job at its scaled arrival, cancel it at its departure, then read back."""
+    """Submit each job at its scaled arrival, cancel it at its departure, then read back.
+    Jobs that arrive at one instant (a window's running jobs at its start) are submitted as
+    one plan: placed at one instant, as the virtual clock that replays them places them."""
     happenings = sorted(
         [(job.arrival, 1, job) for job in trace.jobs] + [(job.departure, 0, job) for job in trace.jobs],
         key=lambda e: (e[0], e[1]),
@@ -208,17 +211,21 @@ def run(
     shown = 0.0
     killer = Killer(client, options.kill_every_s, options.kill_seed) if options.kill_every_s else None
     with killer or _nothing():
-        for at, arriving, job in happenings:
+        for (at, arriving), together in itertools.groupby(happenings, key=lambda e: (e[0], e[1])):
+            jobs = [job for *_, job in together]
             due = began + at / options.time_scale
             while (pause := due - time.time()) > 0:
                 time.sleep(min(pause, tick_s))
                 if on_progress and time.time() - shown >= tick_s:
                     shown = time.time()
                     on_progress((shown - began) * options.time_scale, client.request("GET", "/v1/cluster"))
-            if arriving:
-                client.request("POST", "/v1/jobs", json=submission(job, options))
+            if not arriving:
+                for job in jobs:
+                    _depart(client, job.spec.name)
+            elif len(jobs) == 1:
+                client.request("POST", "/v1/jobs", json=submission(jobs[0], options))
             else:
-                _depart(client, job.spec.name)
+                client.request("POST", "/v1/plans", json={"jobs": [submission(job, options) for job in jobs]})
     log = ReplayLog(began, time.time(), cpu_s=system_cpu_s() - cpu, kills=killer.kills if killer else [])
     names = [job.spec.name for job in trace.jobs]
     log.node_log = _pages(client, "/v1/nodes/log")
