@@ -305,3 +305,20 @@ def test_simulate_command_runs_long_tails_on_the_control_engine(tmp_path):
     result = CliRunner().invoke(app, [*args, "--long-tail", "0.5", "--tail-resume-s", "3"])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["ratios"]["solo"]["cost_over_rollmux"] > 1
+
+
+def test_a_round_that_plans_for_a_while_starts_its_jobs_and_moves_only_once_it_has_planned():
+    """Live, a round plans in a thread while the world goes on: the jobs it has seen start,
+    and its moves begin, only when its plan is ready; a round due meanwhile follows it.
+    The virtual clock replaying a live run plans as long (``HostCosts.plan_s``)."""
+    trace = generate(SHAPE)
+    instant = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), costs=HostCosts(plan_s=0.0))
+    slow = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), costs=HostCosts(plan_s=30.0))
+    placed = {e["job"]: e["at"] for e in slow.decision_events if e["kind"] == "placed"}
+    moving = [e for e in slow.decision_events if e["kind"] in ("moving", "reseated")]
+    assert moving, "the trace has moves to make"
+    # Every decision of a round lands at least one planning time after the arrival before it.
+    assert all(e["at"] >= min(placed.values()) + 30.0 for e in moving)
+    assert slow.result.cost_usd != instant.result.cost_usd  # the world moved on while it planned
+    with pytest.raises(ValueError, match="planning"):
+        HostCosts(plan_s=-1.0)

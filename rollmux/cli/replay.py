@@ -201,7 +201,8 @@ def compare_decisions(
 ) -> dict[str, Any]:
     """The live plane's placements and moves next to the virtual-clock host's, replaying
     the same submissions with the phase, start-up and transfer times the live run measured
-    (:func:`replay.as_recorded`), in the live plane's own units and settings; with the
+    (:func:`replay.as_recorded`) and its rounds' mean planning time, in the live plane's
+    own units and settings; with the
     virtual clock's cost (in trace time) and SLO attainment, what the live run is judged by."""
     live_options = ControlOptions()
     recorded_trace, recorded = replay.as_recorded(trace, log, options)
@@ -211,7 +212,7 @@ def compare_decisions(
         live_options.cost,
         live_options.planning,
         regroup,
-        HostCosts(job_start_s=0.0, node_ready_s=0.0, settle_s=live_options.regroup_settle_s),
+        HostCosts(job_start_s=0.0, node_ready_s=0.0, settle_s=live_options.regroup_settle_s, plan_s=log.plan_s),
         slo_guard=slo_guard,
         recorded=recorded,
     )
@@ -226,6 +227,7 @@ def compare_decisions(
         "slo_attainment": periods.attainment,
         "lifetime_slo_attainment": run.result.slo_attainment,
         "slowdowns": periods.slowdowns,
+        "plan_s": log.plan_s,
     }
     return {**divergence(live, control), "virtual_clock": outcome}
 

@@ -124,6 +124,14 @@ class ReplayLog:
     """CPU time the live system used while the trace ran: this process (the control plane)
     and every process it started (Ray, its workers and drivers) that was still alive."""
     kills: list[Kill] = field(default_factory=list)
+    regrouping: dict[str, Any] = field(default_factory=dict)
+    """The control plane's regrouping figures at the end: rounds, their planning seconds."""
+
+    @property
+    def plan_s(self) -> float:
+        """The mean wall seconds a regrouping round took to plan (0 without a round)."""
+        rounds = self.regrouping.get("rounds", 0)
+        return self.regrouping.get("planning_s", 0.0) / rounds if rounds else 0.0
 
 
 @dataclass(frozen=True)
@@ -233,6 +241,7 @@ def run(
     log.phase_log = client.phase_log()
     log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
     log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
+    log.regrouping = client.request("GET", "/v1/cluster")["regrouping"]
     return log
 
 

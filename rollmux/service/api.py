@@ -269,6 +269,7 @@ class MoveView(BaseModel):
 class RegroupingView(BaseModel):
     rounds: int = Field(description="regrouping rounds planned since start")
     rounds_exhausted: int = Field(description="rounds stopped on their work budget (each kept the best plan found)")
+    planning_s: float = Field(description="wall seconds its rounds took to plan, all together")
     cached_sets: int = Field(description="solved job sets kept between rounds (bounded)")
     last_round: dict[str, float | int | bool] = Field(
         description="the last round's jobs, searches, checks, steps, whether it was exhausted, and its seconds"

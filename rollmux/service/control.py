@@ -232,6 +232,9 @@ class ControlPlane:
         self._regrouping = RegroupState()
         self._round_s = 0.0
         """Wall seconds the last regrouping round took to plan."""
+        self._planning_s = 0.0
+        """Wall seconds every regrouping round took to plan, all together (the virtual clock
+        replaying a live run plans as long: ``rollmux replay``)."""
         self._warming: dict[int, Pool] = {}
         """New nodes of a regrouping being readied before it is applied."""
         self._waiting_room = False
@@ -550,6 +553,7 @@ class ControlPlane:
         return {
             "rounds": state.rounds,
             "rounds_exhausted": state.exhausted_rounds,
+            "planning_s": self._planning_s,
             "cached_sets": state.cached,
             "last_round": {**dataclasses.asdict(state.last_round), "seconds": self._round_s},
         }
@@ -821,6 +825,7 @@ class ControlPlane:
             progress = self.state.progress(view, taken)
             plan = await asyncio.to_thread(plan_regroup, view, config, self._regrouping, progress)
             self._round_s = self.clock() - taken
+            self._planning_s += self._round_s
             if self._regrouping.last_round.exhausted:
                 log.info(
                     "regrouping round stopped on its work budget, kept its best plan: %s", self._regrouping.last_round

@@ -89,17 +89,22 @@ class HostCosts:
     ``node_ready_s``: readying a regrouping's new nodes before its moves start (a worker
     process on a node of the pool: measured 5.1 s cold in this project's failover bench).
     ``settle_s``: the live plane's regrouping settle delay
-    (``ControlOptions.regroup_settle_s``). A move's transfer takes the time regrouping
+    (``ControlOptions.regroup_settle_s``). ``plan_s``: a round's planning, from its
+    snapshot to its plan: placed jobs start, and the plan is applied if its groups did not
+    change, only then, and the next round waits for it, as live; 0 on a trace (a round
+    plans in about 0.1 s against phases of minutes), the live rounds' mean when replaying a
+    live run, whose phases are the trace's divided by its time scale. A move's transfer takes the time regrouping
     prices it at (``RegroupConfig.migration_s``: a fixed pause plus seconds per GB of the
     largest state one of its nodes holds), so the planner and the host agree."""
 
     job_start_s: float = 80.0
     node_ready_s: float = 5.1
     settle_s: float = 0.2
+    plan_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.job_start_s, self.node_ready_s, self.settle_s) < 0:
-            raise ValueError("start-up, node and settle times must be >= 0")
+        if min(self.job_start_s, self.node_ready_s, self.settle_s, self.plan_s) < 0:
+            raise ValueError("start-up, node, settle and planning times must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,9 @@ class _Host:
         self.order = itertools.count()
         self.now = 0.0
         self.round_at: float | None = None
+        self.planning = False
+        """A round is planning (``HostCosts.plan_s``): a round due meanwhile follows it."""
+        self.round_after_plan = False
         self.examined_at = -math.inf if regroup is not None else math.inf
         """When the last regrouping round took its snapshot: a job placed since waits for
         the next one before its driver starts, as in the live plane."""
@@ -302,6 +310,7 @@ class _Host:
             "head_end": self.head_end,
             "carried": self.carried,
             "round": self.round,
+            "planned": self.planned,
             "apply": self.apply,
             "fault": self.fault,
             "lost": self.lost,
@@ -578,9 +587,27 @@ class _Host:
         self.round_at = None
         if self.regroup is None:
             return
+        if self.planning:
+            self.round_after_plan = True  # one round at a time: this one follows it
+            return
         snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
         plan = self.plan(view)
-        self.examined_at = self.now
+        if self.costs.plan_s > 0:
+            self.planning = True
+            self.at(self.now + self.costs.plan_s, "planned", plan, snapshot, self.now, self.generation)
+            return
+        self.planned(plan, snapshot, self.now, self.generation)
+
+    def planned(self, plan: RegroupPlan | None, snapshot: Cluster, taken: float, generation: int) -> None:
+        """A round's plan is ready: the jobs placed before its snapshot may start (except
+        those it re-seats), and its moves start once their new nodes are ready."""
+        if generation != self.generation:
+            return  # planned by a control plane that has restarted since
+        self.planning = False
+        if self.round_after_plan:
+            self.round_after_plan = False
+            self.round_soon()
+        self.examined_at = taken
         self.result.regroup_rounds = self.regrouping.rounds
         self.result.regroup_rounds_exhausted = self.regrouping.exhausted_rounds
         self.result.regroup_peak_cached = max(self.result.regroup_peak_cached, self.regrouping.cached)
@@ -736,6 +763,7 @@ class _Host:
             )
         self.generation += 1
         self.regrouping, self.round_at = RegroupState(), None
+        self.planning = self.round_after_plan = False
         for job in list(self.state.jobs.values()):
             if job.name in self.starting:
                 self.state.claim(job.name)
