@@ -57,6 +57,11 @@ ENDED_STATES = (DONE, FAILED, CANCELLED)
 SESSION_STATES = (STARTING, RUNNING)
 PROFILE_WINDOW = 20
 """Measured phases kept per job and phase to re-estimate its profile."""
+PROFILE_SAMPLES = 10
+"""Measured phases of each kind a job's profile is re-estimated from at least. From two,
+a job's first phases (slow while the jobs around it start) once set its profile a third
+too slow, and with it the solo time its SLO is judged against, for good: it was then
+planned into a group at 1.47 times its real solo time against an SLO of 1.34."""
 GUARD_SAMPLES = 5
 """Iterations of every member measured in its group as it is before the SLO guard judges it."""
 SLO_TOLERANCE = 0.02
@@ -66,6 +71,9 @@ PROFILE_TOLERANCE = 0.05
 moved by more than this share."""
 ROBUST_SIGMA = 1.4826
 """The median absolute deviation times this is the standard deviation of normal samples."""
+OUTLIER_SIGMAS = 3.0
+"""Measured phases this many robust standard deviations from the median are stalls: the
+mean of a re-estimated profile leaves them out."""
 HOUR = 3600.0
 MIN_LOST_GRACE_S = 60.0
 LEASES_OF_GRACE = 6
@@ -637,6 +645,8 @@ class ControlState:
         group = self.cluster.group_of(name)
         turns = self.turns[group.id]
         if not turns.elastic(name, phase):
+            if not gone:
+                return grant  # it keeps every node it holds: nothing to shed
             raise PhaseOrderError(f"job {name}: its {phase} has no tail to move, so it holds its nodes to the end")
         turns.give_back(name, gone)
         self._delta.phases.extend(grant.ended(gone, now, PhaseTiming(), "shed"))
@@ -1289,7 +1299,7 @@ class ControlState:
         window.append(held_s)
         del window[:-PROFILE_WINDOW]
         times = [self.measured.get((job.name, p), []) for p in (ROLLOUT, TRAIN)]
-        if phase != TRAIN or not all(times):
+        if phase != TRAIN or min(len(t) for t in times) < PROFILE_SAMPLES:
             return
         rollout, train = _profile(times[0]), _profile(times[1])
         planned = self.seat(job.name).phases()
@@ -1334,9 +1344,11 @@ def _profile(values: list[float]) -> PhaseTime:
     window's length; a job whose phases really are longer or spread moves the median and
     the deviation. (The maximum of the window used to stand for it: in a replay 2 % of
     phases overran by more than a quarter, in bursts, and the planner then saw a tenth of
-    the jobs 40–90 % slower than they were, and seated them on more nodes.)"""
-    mean = statistics.fmean(values)
+    the jobs 40–90 % slower than they were, and seated them on more nodes.) The mean leaves
+    out samples beyond ``OUTLIER_SIGMAS`` robust standard deviations from the median, for
+    the same reason: it is the solo time the job's SLO is judged against."""
     median = statistics.median(values)
     spread = ROBUST_SIGMA * statistics.median(abs(value - median) for value in values)
+    mean = statistics.fmean(value for value in values if abs(value - median) <= OUTLIER_SIGMAS * spread)
     high = median + statistics.NormalDist().inv_cdf(0.95) * spread
     return PhaseTime(mean=mean, high=max(high, mean), high_quantile=0.95)
