@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from rollmux.core.control import DONE, RUNNING, ControlState, PhaseTiming
+from rollmux.core.control import DONE, GUARD_SAMPLES, PROFILE_SAMPLES, RUNNING, ControlState, PhaseTiming
 from rollmux.core.regroup import RegroupConfig, RegroupState
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Pool
 from rollmux.inputs.runfile import JobSubmission
@@ -114,12 +114,13 @@ def test_a_job_lost_while_moving_abandons_its_move_and_frees_its_old_nodes():
 
 
 def c_twice_as_slow() -> tuple[ControlState, dict[str, int], float]:
-    """a, b and c in one group for eight iterations, c's phases twice their estimate."""
+    """a, b and c in one group, c's phases twice their estimate: for as many iterations as
+    its profile is re-estimated from, then as many as the SLO guard judges it by."""
     state = control()
     epochs = start(state, "abc")
     assert len(state.cluster.groups) == 1
     now = 1.0
-    for _ in range(8):
+    for _ in range(PROFILE_SAMPLES + GUARD_SAMPLES + 1):
         for name in "abc":
             for phase, planned in (("rollout", 1.0), ("train", 1.0)):
                 grant = state.acquire(name, phase, epochs[name], now)
