@@ -18,7 +18,14 @@ from rollmux.core.roundrobin import ROLLOUT, TRAIN, steady_state
 from rollmux.core.spec import DEFAULT_PLANNING, JobSpec, PhaseTime, RolloutTail
 from rollmux.core.turns import CyclicTurns
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
-from rollmux.sim.control_host import HostCosts, InvariantBroken, _Journal, check_phase_budget, simulate_control
+from rollmux.sim.control_host import (
+    HostCosts,
+    InvariantBroken,
+    Recorded,
+    _Journal,
+    check_phase_budget,
+    simulate_control,
+)
 from rollmux.sim.faults import Faults
 from rollmux.sim.generate import TraceShape, generate
 from rollmux.sim.simulator import simulate, with_long_tail
@@ -322,3 +329,21 @@ def test_a_round_that_plans_for_a_while_starts_its_jobs_and_moves_only_once_it_h
     assert slow.result.cost_usd != instant.result.cost_usd  # the world moved on while it planned
     with pytest.raises(ValueError, match="planning"):
         HostCosts(plan_s=-1.0)
+
+
+def test_recorded_rounds_plan_and_ready_as_long_as_the_live_round_of_their_number():
+    """Replaying a live run, round k plans and readies its new nodes as the live round k
+    did; a round beyond the recorded ones takes the modelled times."""
+    trace, policy, regroup = generate(SHAPE), RollMuxPolicy(), RegroupConfig()
+    modelled = simulate_control(trace, policy, regroup=regroup, costs=HostCosts(plan_s=30.0, node_ready_s=7.0))
+    rounds = modelled.result.regroup_rounds
+    assert rounds > 2, "the trace has rounds to replay"
+    every = Recorded(rounds={k: (30.0, 7.0) for k in range(1, 100 * rounds)})
+    instant = HostCosts(plan_s=0.0, node_ready_s=0.0)
+    replayed = simulate_control(trace, policy, regroup=regroup, costs=instant, recorded=every)
+    assert replayed.decision_events == modelled.decision_events
+    first_only = Recorded(rounds={1: (30.0, 7.0)})
+    replayed = simulate_control(trace, policy, regroup=regroup, costs=instant, recorded=first_only)
+    assert replayed.decision_events != modelled.decision_events
+    first = min(e["at"] for e in replayed.decision_events if e["kind"] == "placed")
+    assert all(e["at"] >= first + 30.0 for e in replayed.decision_events if e["kind"] in ("moving", "reseated"))

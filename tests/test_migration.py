@@ -116,6 +116,9 @@ def test_regrouping_moves_running_jobs_between_workers_and_they_go_on(service):
     released = {e["node"] for e in api.request("GET", "/v1/nodes/log") if not e["held"]}
     assert all(set(m["origin"]) <= released for m in moves), "old nodes given back once the state landed"
     assert api.request("GET", "/v1/cluster")["nodes"] == {"rollout": 1, "train": 1}
+    rounds = api.request("GET", "/v1/regrouping/rounds")
+    assert [r["id"] for r in rounds] == list(range(1, len(rounds) + 1)), "every round, in order"
+    assert sum(r["moves"] for r in rounds) == 1 and all(r["plan_s"] > 0 for r in rounds), rounds
     no_node_runs_two_jobs(api.phase_log())
 
 

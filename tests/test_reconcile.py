@@ -98,9 +98,11 @@ class SlowReserveExecutor(SlowSyncExecutor):
         return ticks if self.progress else 0
 
 
-async def launch_while_ray_reserves_slowly(tmp_path, monkeypatch, progress: bool) -> list[str]:
-    """A managed job whose nodes take four graces to reserve; the kinds of its events."""
+async def launch_while_ray_reserves_slowly(tmp_path, monkeypatch, progress: bool, graces: int = 10) -> list[str]:
+    """A managed job whose nodes take four graces to reserve, waiting ``graces`` graces at
+    most; the kinds of its events."""
     monkeypatch.setattr(control_module, "NODES_PATIENCE_S", 0.1)
+    monkeypatch.setattr(control_module, "RESERVATION_GRACES", graces)
     store = Store(default_url(tmp_path))
     executor = SlowReserveExecutor(progress)
     options = ControlOptions(runs_jobs=True, regroup=None, slo_guard=False, lost_grace_s=0.5, lease_s=2.0)
@@ -127,4 +129,10 @@ def test_a_job_whose_nodes_ray_readies_slowly_but_surely_is_not_lost(tmp_path, m
 
 def test_a_job_whose_nodes_ray_does_not_ready_at_all_is_still_lost_after_its_grace(tmp_path, monkeypatch):
     kinds = asyncio.run(launch_while_ray_reserves_slowly(tmp_path, monkeypatch, progress=False))
+    assert "lost" in kinds, kinds
+
+
+def test_a_job_whose_nodes_ray_never_readies_while_readying_others_is_lost_after_its_graces(tmp_path, monkeypatch):
+    """Without a limit it would wait "placed" for ever, with Ray busy elsewhere."""
+    kinds = asyncio.run(launch_while_ray_reserves_slowly(tmp_path, monkeypatch, progress=True, graces=2))
     assert "lost" in kinds, kinds

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from rollmux.core import regroup as regroup_module
 from rollmux.core.control import Capacity
@@ -175,3 +176,54 @@ def test_a_regrouping_that_does_not_fit_the_capacity_waits_instead_of_stopping_i
     monkeypatch.setattr(regroup_module, "_in_place", lambda *_: None)
     assert asyncio.run(three_leave_with_capacity(tmp_path / "two", 2)) == ([], True)
     assert asyncio.run(three_leave_with_capacity(tmp_path / "three", 3)) == (["a", "d", "f"], False)
+
+
+async def timed_rounds(tmp_path, monkeypatch) -> list[dict]:
+    """Six running jobs, three rounds by hand (the second plans for at least 0.2 s, the
+    third moves a, d and f onto three new nodes of each pool); two rounds are kept."""
+    plan_regroup = control_module.plan_regroup
+    slow = iter([False, True, False])
+
+    def timed_plan(*args, **kwargs):
+        if next(slow):
+            time.sleep(0.2)
+        return plan_regroup(*args, **kwargs)
+
+    monkeypatch.setattr(control_module, "plan_regroup", timed_plan)
+    monkeypatch.setattr(control_module, "ROUND_LOG", 2)
+    monkeypatch.setattr(regroup_module, "_relocations", lambda *_: [])
+    monkeypatch.setattr(regroup_module, "_in_place", lambda *_: None)
+    store = Store(default_url(tmp_path))
+    options = ControlOptions(
+        regroup=RegroupConfig(pause_s=0.0, s_per_gb=0.0), slo_guard=False, capacity=Capacity(rollout=3, train=3)
+    )
+    control = ControlPlane(store, options)
+    await control.start()
+    rounds_by_hand(control)
+    try:
+        await control.submit([external(n) for n in "abcdef"])
+        for name in "abcdef":
+            session = await control.begin_session(name, "test")
+            await control.activate(name, session["epoch"], 0)
+        await control._regroup_once()
+        control._regroup_due = True
+        await control._regroup_once()
+        for name in "bce":
+            await control.cancel(name)
+        await control._regroup_once()
+        assert [r["id"] for r in control.rounds(2, 10)] == [3]
+        assert len(control.rounds(-1, 1)) == 1
+        return control.rounds(-1, 10)
+    finally:
+        await control.stop()
+        store.engine.dispose()
+
+
+def test_each_regrouping_round_records_its_planning_and_readying_time(tmp_path, monkeypatch):
+    """What the virtual clock replays round by round (``rollmux replay``): the slow round
+    plans at least as long as it slept, the round that moves readies new nodes first, and
+    only the newest rounds are kept."""
+    second, third = asyncio.run(timed_rounds(tmp_path, monkeypatch))
+    assert (second["id"], third["id"]) == (2, 3)
+    assert second["plan_s"] >= 0.2 and second["moves"] == 0 and second["ready_s"] == 0.0
+    assert third["plan_s"] < 0.2 and third["moves"] == 3 and third["ready_s"] > 0.0

@@ -201,8 +201,9 @@ def compare_decisions(
 ) -> dict[str, Any]:
     """The live plane's placements and moves next to the virtual-clock host's, replaying
     the same submissions with the phase, start-up and transfer times the live run measured
-    (:func:`replay.as_recorded`) and its rounds' mean planning time, in the live plane's
-    own units and settings; with the
+    (:func:`replay.as_recorded`), each regrouping round planning and readying its nodes as
+    long as the live round of its number (beyond them, the live rounds' mean planning
+    time), in the live plane's own units and settings; with the
     virtual clock's cost (in trace time) and SLO attainment, what the live run is judged by."""
     live_options = ControlOptions()
     recorded_trace, recorded = replay.as_recorded(trace, log, options)

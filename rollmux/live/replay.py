@@ -125,13 +125,14 @@ class ReplayLog:
     and every process it started (Ray, its workers and drivers) that was still alive."""
     kills: list[Kill] = field(default_factory=list)
     regrouping: dict[str, Any] = field(default_factory=dict)
-    """The control plane's regrouping figures at the end: rounds, their planning seconds."""
+    """The control plane's regrouping figures at the end."""
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    """Each regrouping round's planning and readying seconds (``/v1/regrouping/rounds``)."""
 
     @property
     def plan_s(self) -> float:
         """The mean wall seconds a regrouping round took to plan (0 without a round)."""
-        rounds = self.regrouping.get("rounds", 0)
-        return self.regrouping.get("planning_s", 0.0) / rounds if rounds else 0.0
+        return statistics.fmean(r["plan_s"] for r in self.rounds) if self.rounds else 0.0
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,7 @@ def run(
     log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
     log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
     log.regrouping = client.request("GET", "/v1/cluster")["regrouping"]
+    log.rounds = _pages(client, "/v1/regrouping/rounds")
     return log
 
 
@@ -249,7 +251,7 @@ def as_recorded(trace: Trace, log: ReplayLog, options: ReplayOptions) -> tuple[T
     """The live run as the virtual-clock host replays it to compare their decisions, in the
     live plane's own units (wall seconds from the replay's start, each job as submitted):
     each job arrives when it was submitted and leaves when it ended, and its phases, first
-    session and moves take the times the live run measured."""
+    session, moves and the regrouping rounds take the times the live run measured."""
     jobs, running_at = [], {}
     for trace_job in trace.jobs:
         name = trace_job.spec.name
@@ -271,8 +273,9 @@ def as_recorded(trace: Trace, log: ReplayLog, options: ReplayOptions) -> tuple[T
     transfers: dict[str, tuple[float, ...]] = {}
     for move in sorted(log.moves, key=lambda m: m["decided_at"]):
         transfers[move["job"]] = (*transfers.get(move["job"], ()), move["pause_s"])
+    rounds = {r["id"]: (r["plan_s"], r["ready_s"]) for r in log.rounds}
     ordered = tuple(sorted(jobs, key=lambda j: j.arrival))
-    return Trace(ordered), Recorded(phases, running_at, transfers)
+    return Trace(ordered), Recorded(phases, running_at, transfers, rounds)
 
 
 def live_decisions(log: ReplayLog, order: dict[str, int]) -> list[Decision]:

@@ -266,6 +266,16 @@ class MoveView(BaseModel):
     outcome: str
 
 
+class RoundView(BaseModel):
+    """One regrouping round's wall times (kept in memory for the last 10,000 rounds)."""
+
+    id: int = Field(description="the round's number since start")
+    taken_at: float = Field(description="when it took its snapshot")
+    plan_s: float = Field(description="seconds from its snapshot to its plan")
+    ready_s: float = Field(description="seconds readying its new nodes before its moves started (0 without)")
+    moves: int = Field(description="jobs it started moving")
+
+
 class RegroupingView(BaseModel):
     rounds: int = Field(description="regrouping rounds planned since start")
     rounds_exhausted: int = Field(description="rounds stopped on their work budget (each kept the best plan found)")
@@ -600,6 +610,15 @@ def create_app(control: ControlPlane, token: str) -> Any:
     ) -> list[dict[str, Any]]:
         """Every move of a running job (regrouping, SLO guard), with its measured pause."""
         return await control.moves(after, limit)
+
+    @app.get("/v1/regrouping/rounds", response_model=list[RoundView], responses=base)
+    async def list_rounds(
+        after: Annotated[int, Query(ge=-1, le=2**62, description="the last id of the previous page")] = -1,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        """Each regrouping round's planning and readying time: what ``rollmux replay`` feeds
+        the virtual clock, and where to look when rounds plan slowly."""
+        return control.rounds(after, limit)
 
     @app.get("/v1/cluster", response_model=ClusterSummary, responses=base)
     async def cluster_summary() -> dict[str, Any]:

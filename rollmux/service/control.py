@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,25 @@ from rollmux.wire.tasks import abandon, describe, install_dumps, spawn
 log = logging.getLogger("rollmux.control")
 NODES_PATIENCE_S = 20.0
 """After this long without its nodes, a placed job says it is waiting for Ray."""
+RESERVATION_GRACES = 10
+"""However busy Ray is readying other nodes, a launch waits for its own at most this many
+lost graces in all: then it is lost and restarted (counted) like any other."""
+ROUND_LOG = 10_000
+"""Regrouping rounds whose timing is kept in memory (the oldest are dropped first)."""
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """One regrouping round's wall times: ``plan_s`` from its snapshot to its plan,
+    ``ready_s`` readying its new nodes before its moves start (0 without new nodes). The
+    virtual clock replaying a live run takes each round's (``rollmux replay``), as it takes
+    each phase's; kept in memory only, for they are measurements, not state."""
+
+    id: int
+    taken_at: float
+    plan_s: float
+    ready_s: float
+    moves: int
 
 
 class Executor(Protocol):
@@ -233,8 +253,10 @@ class ControlPlane:
         self._round_s = 0.0
         """Wall seconds the last regrouping round took to plan."""
         self._planning_s = 0.0
-        """Wall seconds every regrouping round took to plan, all together (the virtual clock
-        replaying a live run plans as long: ``rollmux replay``)."""
+        """Wall seconds every regrouping round took to plan, all together."""
+        self._round_log: deque[RoundTiming] = deque(maxlen=ROUND_LOG)
+        self._rounds_planned = 0
+        """Regrouping rounds planned since start, those that found nothing to examine too."""
         self._warming: dict[int, Pool] = {}
         """New nodes of a regrouping being readied before it is applied."""
         self._waiting_room = False
@@ -760,13 +782,15 @@ class ControlPlane:
         of placements on a busy cluster readies nodes one after the other, and a job that
         waited its turn there is not lost and restarted (a window of the production trace
         lost 28 of 45 jobs so). A platform that readies nothing for a whole grace still
-        loses it."""
+        loses it, and so does one that has not readied its nodes within
+        ``RESERVATION_GRACES`` graces in all."""
         readied = self.executor.nodes_readied()
+        limit = self.clock() + RESERVATION_GRACES * self.state.lost_grace_s
         while not (await asyncio.wait({reserved}, timeout=NODES_PATIENCE_S))[0]:
             if not self._current(name, incarnation, (PLACED,)):
                 break
             self.state.explain(name, f"waiting for Ray to reserve node(s) {', '.join(map(str, nodes))}")
-            if self.executor.nodes_readied() > readied:
+            if self.executor.nodes_readied() > readied and self.clock() < limit:
                 readied = self.executor.nodes_readied()
                 self.state.launching(name, self.clock())
             await self._persist()
@@ -833,17 +857,28 @@ class ControlPlane:
             movers = [self.state.jobs.get(spec.name) for spec in plan.moved] if plan is not None else []
             self._reseating = frozenset(job.name for job in movers if job is not None and job.unstarted)
             self._examined(taken)  # before its new nodes are readied: that may take Ray many seconds
+            planned, started = self.clock(), list[str]()
             try:
                 if plan is not None and self.state.still_movable(plan, snapshot):
-                    moved += await self._start_readied(plan, snapshot)
+                    started = await self._start_readied(plan, snapshot)
             finally:
                 self._reseating = frozenset()
                 self._examined(taken)
+                self._log_round(taken, self.clock() - planned if started else 0.0, len(started))
+            moved += started
             if plan is not None and not moved and not self._waiting_room:
                 self._regroup_due = True  # not carried out: planned again (its groups are re-examined)
         if moved:
             log.info("moving %s", ", ".join(moved))
             await self._persist()
+
+    def _log_round(self, taken: float, ready_s: float, moves: int) -> None:
+        self._rounds_planned += 1
+        self._round_log.append(RoundTiming(self._rounds_planned, taken, self._round_s, ready_s, moves))
+
+    def rounds(self, after: int, limit: int) -> list[dict[str, Any]]:
+        """The kept regrouping rounds' timings, in order (after round ``after``)."""
+        return [dataclasses.asdict(r) for r in self._round_log if r.id > after][:limit]
 
     def _examined(self, taken: float) -> None:
         """Jobs placed before ``taken`` were offered to a regrouping: their drivers may start

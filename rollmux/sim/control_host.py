@@ -92,10 +92,12 @@ class HostCosts:
     (``ControlOptions.regroup_settle_s``). ``plan_s``: a round's planning, from its
     snapshot to its plan: placed jobs start, and the plan is applied if its groups did not
     change, only then, and the next round waits for it, as live; 0 on a trace (a round
-    plans in about 0.1 s against phases of minutes), the live rounds' mean when replaying a
-    live run, whose phases are the trace's divided by its time scale. A move's transfer takes the time regrouping
-    prices it at (``RegroupConfig.migration_s``: a fixed pause plus seconds per GB of the
-    largest state one of its nodes holds), so the planner and the host agree."""
+    plans in about 0.1 s against phases of minutes). Replaying a live run, whose phases are
+    the trace's divided by its time scale, each round plans and readies its nodes as long
+    as the live round of its number did (:class:`Recorded`), and these model the rest. A
+    move's transfer takes the time regrouping prices it at (``RegroupConfig.migration_s``:
+    a fixed pause plus seconds per GB of the largest state one of its nodes holds), so the
+    planner and the host agree."""
 
     job_start_s: float = 80.0
     node_ready_s: float = 5.1
@@ -113,11 +115,14 @@ class Recorded:
     live plane met (``rollmux replay`` compares their decisions): each granted phase's time
     by (job, phase, iteration), when each job's first session began (its start-up lasts
     until then), and the transfer of each of a job's moves, in order. What is not recorded
-    is drawn from the profile or modelled (:class:`HostCosts`) as without it."""
+    is drawn from the profile or modelled (:class:`HostCosts`) as without it. So is each
+    regrouping round's planning and readying of new nodes, by the round's number."""
 
     phases: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
     running_at: Mapping[str, float] = field(default_factory=dict)
     transfers: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    rounds: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    """Each regrouping round's planning and readying seconds, by its number from 1."""
 
 
 @dataclass
@@ -278,6 +283,7 @@ class _Host:
         self.planning = False
         """A round is planning (``HostCosts.plan_s``): a round due meanwhile follows it."""
         self.round_after_plan = False
+        self.rounds_planned = 0
         self.examined_at = -math.inf if regroup is not None else math.inf
         """When the last regrouping round took its snapshot: a job placed since waits for
         the next one before its driver starts, as in the live plane."""
@@ -592,13 +598,21 @@ class _Host:
             return
         snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
         plan = self.plan(view)
-        if self.costs.plan_s > 0:
+        self.rounds_planned += 1
+        plan_s, ready_s = self.round_times(self.rounds_planned)
+        if plan_s > 0:
             self.planning = True
-            self.at(self.now + self.costs.plan_s, "planned", plan, snapshot, self.now, self.generation)
+            self.at(self.now + plan_s, "planned", plan, snapshot, self.now, self.generation, ready_s)
             return
-        self.planned(plan, snapshot, self.now, self.generation)
+        self.planned(plan, snapshot, self.now, self.generation, ready_s)
 
-    def planned(self, plan: RegroupPlan | None, snapshot: Cluster, taken: float, generation: int) -> None:
+    def round_times(self, number: int) -> tuple[float, float]:
+        """A round's planning, and readying of its new nodes: as recorded, else modelled."""
+        return self.recorded.rounds.get(number, (self.costs.plan_s, self.costs.node_ready_s))
+
+    def planned(
+        self, plan: RegroupPlan | None, snapshot: Cluster, taken: float, generation: int, ready_s: float
+    ) -> None:
         """A round's plan is ready: the jobs placed before its snapshot may start (except
         those it re-seats), and its moves start once their new nodes are ready."""
         if generation != self.generation:
@@ -615,7 +629,7 @@ class _Host:
             self.start_placed()
             return
         self.start_placed(frozenset(job.name for job in plan.moved))
-        ready = self.costs.node_ready_s if self.new_nodes(plan, snapshot) else 0.0
+        ready = ready_s if self.new_nodes(plan, snapshot) else 0.0
         self.at(self.now + ready, "apply", plan, snapshot, self.generation)
 
     def plan(self, view: Cluster) -> RegroupPlan | None:
