@@ -229,6 +229,7 @@ def compare_decisions(
         "lifetime_slo_attainment": run.result.slo_attainment,
         "slowdowns": periods.slowdowns,
         "plan_s": log.plan_s,
+        "live_rounds": log.rounds,
     }
     return {**divergence(live, control), "virtual_clock": outcome}
 

@@ -272,7 +272,9 @@ class RoundView(BaseModel):
     id: int = Field(description="the round's number since start")
     taken_at: float = Field(description="when it took its snapshot")
     plan_s: float = Field(description="seconds from its snapshot to its plan")
-    ready_s: float = Field(description="seconds readying its new nodes before its moves started (0 without)")
+    ready_s: float = Field(
+        description="seconds readying its new nodes until its moves started or it was dropped (0 without a plan)"
+    )
     moves: int = Field(description="jobs it started moving")
 
 

@@ -78,7 +78,8 @@ ROUND_LOG = 10_000
 @dataclass(frozen=True)
 class RoundTiming:
     """One regrouping round's wall times: ``plan_s`` from its snapshot to its plan,
-    ``ready_s`` readying its new nodes before its moves start (0 without new nodes). The
+    ``ready_s`` readying its new nodes until its moves start, or until it is dropped because
+    its groups changed meanwhile (0 without a plan to carry out). The
     virtual clock replaying a live run takes each round's (``rollmux replay``), as it takes
     each phase's; kept in memory only, for they are measurements, not state."""
 
@@ -857,14 +858,15 @@ class ControlPlane:
             movers = [self.state.jobs.get(spec.name) for spec in plan.moved] if plan is not None else []
             self._reseating = frozenset(job.name for job in movers if job is not None and job.unstarted)
             self._examined(taken)  # before its new nodes are readied: that may take Ray many seconds
-            planned, started = self.clock(), list[str]()
+            planned, started, readying = self.clock(), list[str](), False
             try:
                 if plan is not None and self.state.still_movable(plan, snapshot):
+                    readying = True
                     started = await self._start_readied(plan, snapshot)
             finally:
                 self._reseating = frozenset()
                 self._examined(taken)
-                self._log_round(taken, self.clock() - planned if started else 0.0, len(started))
+                self._log_round(taken, self.clock() - planned if readying else 0.0, len(started))
             moved += started
             if plan is not None and not moved and not self._waiting_room:
                 self._regroup_due = True  # not carried out: planned again (its groups are re-examined)
