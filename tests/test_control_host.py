@@ -18,6 +18,7 @@ from rollmux.core.roundrobin import ROLLOUT, TRAIN, steady_state
 from rollmux.core.spec import DEFAULT_PLANNING, JobSpec, PhaseTime, RolloutTail
 from rollmux.core.turns import CyclicTurns
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
+from rollmux.sim import control_host
 from rollmux.sim.control_host import (
     HostCosts,
     InvariantBroken,
@@ -329,6 +330,27 @@ def test_a_round_that_plans_for_a_while_starts_its_jobs_and_moves_only_once_it_h
     assert slow.result.cost_usd != instant.result.cost_usd  # the world moved on while it planned
     with pytest.raises(ValueError, match="planning"):
         HostCosts(plan_s=-1.0)
+
+
+def test_a_round_lasts_until_its_new_nodes_are_ready_and_the_next_one_waits_for_it(monkeypatch):
+    """Live, a round readies its plan's new nodes before the next round plans: a plan
+    dropped after 16 s of readying was applied at once under the virtual clock, and the next
+    rounds decided meanwhile (the busiest window parted from live at its first round)."""
+    calls: list[tuple[str, float]] = []
+    for name in ("plan", "apply"):
+        original = getattr(control_host._Host, name)
+
+        def spy(host, *args, name=name, original=original):
+            calls.append((name, host.now))
+            return original(host, *args)
+
+        monkeypatch.setattr(control_host._Host, name, spy)
+    ready_s = 300.0
+    simulate_control(generate(SHAPE), RollMuxPolicy(), regroup=RegroupConfig(), costs=HostCosts(node_ready_s=ready_s))
+    plans = [at for name, at in calls if name == "plan"]
+    readied = [at for name, at in calls if name == "apply" and any(abs(p - (at - ready_s)) < 1e-6 for p in plans)]
+    assert readied, "some plans ready new nodes"
+    assert not [at for at in readied for p in plans if at - ready_s + 1e-6 < p < at], "a round planned meanwhile"
 
 
 def test_recorded_rounds_plan_and_ready_as_long_as_the_live_round_of_their_number():

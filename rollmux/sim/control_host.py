@@ -281,7 +281,7 @@ class _Host:
         self.now = 0.0
         self.round_at: float | None = None
         self.planning = False
-        """A round is planning (``HostCosts.plan_s``): a round due meanwhile follows it."""
+        """A round is planning or readying its new nodes: a round due meanwhile follows it."""
         self.round_after_plan = False
         self.rounds_planned = 0
         self.examined_at = -math.inf if regroup is not None else math.inf
@@ -600,8 +600,8 @@ class _Host:
         plan = self.plan(view)
         self.rounds_planned += 1
         plan_s, ready_s = self.round_times(self.rounds_planned)
+        self.planning = True
         if plan_s > 0:
-            self.planning = True
             self.at(self.now + plan_s, "planned", plan, snapshot, self.now, self.generation, ready_s)
             return
         self.planned(plan, snapshot, self.now, self.generation, ready_s)
@@ -614,23 +614,37 @@ class _Host:
         self, plan: RegroupPlan | None, snapshot: Cluster, taken: float, generation: int, ready_s: float
     ) -> None:
         """A round's plan is ready: the jobs placed before its snapshot may start (except
-        those it re-seats), and its moves start once their new nodes are ready."""
+        those it re-seats), and its moves start once their new nodes are ready. The round
+        lasts until then, as live: a round due meanwhile follows it."""
         if generation != self.generation:
             return  # planned by a control plane that has restarted since
-        self.planning = False
-        if self.round_after_plan:
-            self.round_after_plan = False
-            self.round_soon()
         self.examined_at = taken
         self.result.regroup_rounds = self.regrouping.rounds
         self.result.regroup_rounds_exhausted = self.regrouping.exhausted_rounds
         self.result.regroup_peak_cached = max(self.result.regroup_peak_cached, self.regrouping.cached)
         if plan is None:
             self.start_placed()
+            self.round_over()
+            return
+        if not self.state.still_movable(plan, snapshot):
+            self.drop()
             return
         self.start_placed(frozenset(job.name for job in plan.moved))
         ready = ready_s if self.new_nodes(plan, snapshot) else 0.0
         self.at(self.now + ready, "apply", plan, snapshot, self.generation)
+
+    def round_over(self) -> None:
+        self.planning = False
+        if self.round_after_plan:
+            self.round_after_plan = False
+            self.round_soon()
+
+    def drop(self) -> None:
+        """Its groups changed while it was made or its nodes readied: planned again."""
+        self.run.plans_dropped += 1
+        self.start_placed()
+        self.round_over()
+        self.round_soon()
 
     def plan(self, view: Cluster) -> RegroupPlan | None:
         assert self.regroup is not None
@@ -646,13 +660,12 @@ class _Host:
         if generation != self.generation:
             return  # planned by a control plane that has restarted since
         if not self.state.still_movable(plan, snapshot):
-            self.run.plans_dropped += 1
-            self.start_placed()
-            self.round_soon()
+            self.drop()
             return
         moved = self.state.start_regroup(plan, self.now)
         self.run.moves_started += sum(1 for name in moved if self.jobs[name].started)
         self.start_placed()
+        self.round_over()
 
     def carried(self, name: str, epoch: int, decided_at: float) -> None:
         if self.state.finish_move(name, epoch, decided_at, 0, self.now):
