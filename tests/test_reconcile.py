@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 
+from rollmux.core.regroup import RegroupConfig
 from rollmux.core.spec import Pool
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.service import control as control_module
 from rollmux.service.control import ControlOptions, ControlPlane, NoExecutor
 from rollmux.service.store import Store, default_url
-from tests.test_regroup_events import wait_for
+from tests.test_regroup_events import rounds_by_hand, wait_for
 
 
 class SlowSyncExecutor(NoExecutor):
@@ -136,3 +137,31 @@ def test_a_job_whose_nodes_ray_never_readies_while_readying_others_is_lost_after
     """Without a limit it would wait "placed" for ever, with Ray busy elsewhere."""
     kinds = asyncio.run(launch_while_ray_reserves_slowly(tmp_path, monkeypatch, progress=True, graces=2))
     assert "lost" in kinds, kinds
+
+
+async def examined_while_nodes_sync(tmp_path) -> tuple[bool, bool, list[str]]:
+    """A managed job placed while Ray's node sync hangs; whether it is still free to
+    re-seat before and after a round that saw it ended, and the drivers started."""
+    store = Store(default_url(tmp_path))
+    executor = SlowSyncExecutor()
+    options = ControlOptions(runs_jobs=True, regroup=RegroupConfig(), slo_guard=False)
+    control = ControlPlane(store, options, executor)
+    await control.start()
+    rounds_by_hand(control)
+    executor.hold.clear()
+    try:
+        await control.submit([managed("a")])
+        before = control.state.jobs["a"].unstarted
+        control._examined(control.clock())  # a round that saw it ended, not re-seating it
+        await asyncio.sleep(0.2)
+        return before, control.state.jobs["a"].unstarted, list(executor.started)
+    finally:
+        executor.hold.set()
+        await control.stop()
+        store.engine.dispose()
+
+
+def test_a_job_a_round_has_seen_is_claimed_at_once_not_when_reconciling_reaches_it(tmp_path):
+    """Live, the next round re-seated eight such jobs of the busiest window for free while
+    Ray synced nodes; the virtual clock had started them when their round ended."""
+    assert asyncio.run(examined_while_nodes_sync(tmp_path)) == (True, False, [])

@@ -888,6 +888,12 @@ class ControlPlane:
         simulator regroups an arriving job at once)."""
         waiting = any(job.unstarted and not self._settled(job) for job in self.state.jobs.values())
         self._examined_at = taken
+        for job in list(self.state.jobs.values()):
+            if job.managed and job.unstarted and self._settled(job):
+                # Its seat is final now, not once reconciling reaches it (Ray may take
+                # seconds to sync nodes): a later round moves it only once it runs, as
+                # under the virtual clock.
+                self.state.claim(job.name)
         if waiting and self._changed is not None:
             self._changed.set()  # reconcile only when a placed job may start now
 

@@ -596,8 +596,8 @@ class _Host:
         if self.planning:
             self.round_after_plan = True  # one round at a time: this one follows it
             return
-        snapshot, view = copy.deepcopy(self.state.cluster), self.state.movable_view()
-        plan = self.plan(view)
+        plan = self.plan(self.state.movable_view())
+        snapshot = copy.deepcopy(self.state.cluster) if plan is not None else None
         self.rounds_planned += 1
         plan_s, ready_s = self.round_times(self.rounds_planned)
         self.planning = True
@@ -611,7 +611,7 @@ class _Host:
         return self.recorded.rounds.get(number, (self.costs.plan_s, self.costs.node_ready_s))
 
     def planned(
-        self, plan: RegroupPlan | None, snapshot: Cluster, taken: float, generation: int, ready_s: float
+        self, plan: RegroupPlan | None, snapshot: Cluster | None, taken: float, generation: int, ready_s: float
     ) -> None:
         """A round's plan is ready: the jobs placed before its snapshot may start (except
         those it re-seats), and its moves start once their new nodes are ready. The round
@@ -622,7 +622,7 @@ class _Host:
         self.result.regroup_rounds = self.regrouping.rounds
         self.result.regroup_rounds_exhausted = self.regrouping.exhausted_rounds
         self.result.regroup_peak_cached = max(self.result.regroup_peak_cached, self.regrouping.cached)
-        if plan is None:
+        if plan is None or snapshot is None:
             self.start_placed()
             self.round_over()
             return
