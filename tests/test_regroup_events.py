@@ -43,6 +43,14 @@ async def wait_for(condition, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def six_running(control: ControlPlane) -> None:
+    """Jobs a to f submitted, each in a session and running in its turns."""
+    await control.submit([external(n) for n in "abcdef"])
+    for name in "abcdef":
+        session = await control.begin_session(name, "test")
+        await control.activate(name, session["epoch"], 0)
+
+
 def rounds_by_hand(control: ControlPlane) -> None:
     """Stop the control plane's own regrouping rounds: the test runs each one."""
     for task in control._tasks:
@@ -68,12 +76,8 @@ async def departures_while_planning(tmp_path, monkeypatch) -> list[str]:
     control = ControlPlane(store, options)
     await control.start()
     try:
-        names = "abcdef"
-        await control.submit([external(n) for n in names])
+        await six_running(control)
         assert len(control.groups()) == 2
-        for name in names:
-            session = await control.begin_session(name, "test")
-            await control.activate(name, session["epoch"], 0)
         await wait_for(lambda: not control._regroup_due)  # the arrivals' rounds are over
         monkeypatch.setattr(control_module, "plan_regroup", slow_plan)
         await control.cancel("b")
@@ -152,10 +156,7 @@ async def three_leave_with_capacity(tmp_path, nodes_per_pool: int) -> tuple[list
     await control.start()
     rounds_by_hand(control)
     try:
-        await control.submit([external(n) for n in "abcdef"])
-        for name in "abcdef":
-            session = await control.begin_session(name, "test")
-            await control.activate(name, session["epoch"], 0)
+        await six_running(control)
         await control._regroup_once()
         for name in "bce":
             await control.cancel(name)
@@ -201,10 +202,7 @@ async def timed_rounds(tmp_path, monkeypatch) -> list[dict]:
     await control.start()
     rounds_by_hand(control)
     try:
-        await control.submit([external(n) for n in "abcdef"])
-        for name in "abcdef":
-            session = await control.begin_session(name, "test")
-            await control.activate(name, session["epoch"], 0)
+        await six_running(control)
         await control._regroup_once()
         control._regroup_due = True
         await control._regroup_once()
