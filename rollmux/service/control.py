@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -880,7 +881,8 @@ class ControlPlane:
 
     def rounds(self, after: int, limit: int) -> list[dict[str, Any]]:
         """The kept regrouping rounds' timings, in order (after round ``after``)."""
-        return [dataclasses.asdict(r) for r in self._round_log if r.id > after][:limit]
+        kept = (r for r in self._round_log if r.id > after)
+        return [dataclasses.asdict(r) for r in itertools.islice(kept, limit)]
 
     def _examined(self, taken: float) -> None:
         """Jobs placed before ``taken`` were offered to a regrouping: their drivers may start
