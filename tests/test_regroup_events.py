@@ -225,3 +225,28 @@ def test_each_regrouping_round_records_its_planning_and_readying_time(tmp_path, 
     assert (second["id"], third["id"]) == (2, 3)
     assert second["plan_s"] >= 0.2 and second["moves"] == 0 and second["ready_s"] == 0.0
     assert third["plan_s"] < 0.2 and third["moves"] == 3 and third["ready_s"] > 0.0
+
+
+async def stopped_as_a_round_is_asked_for(tmp_path) -> bool:
+    """Whether the control plane stops when its regrouping task is cancelled in the very
+    instant an event asks for a round."""
+    store = Store(default_url(tmp_path))
+    control = ControlPlane(store, ControlOptions(regroup=RegroupConfig(), slo_guard=False, regroup_poll_s=3600))
+    await control.start()
+    try:
+        await asyncio.sleep(0.05)  # the regrouping task waits for an event
+        assert control._regroup_now is not None
+        control._regroup_now.set()
+        async with asyncio.timeout(20):
+            await control.stop()
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        store.engine.dispose()
+
+
+def test_the_control_plane_stops_when_a_round_is_asked_for_as_it_stops(tmp_path):
+    """``asyncio.wait_for`` on Python 3.11 swallowed that cancellation: the regrouping
+    task ran on and the stop waited for it for ever (a CI run hung 600 s)."""
+    assert asyncio.run(stopped_as_a_round_is_asked_for(tmp_path))

@@ -268,9 +268,10 @@ class RayExecutor:
                 continue
             try:
                 handle = await asyncio.to_thread(ray.get_actor, entry["name"], NAMESPACE)
-                running = await asyncio.wait_for(handle.drivers.remote(), timeout=10)
-                serves = await asyncio.wait_for(handle.serves.remote(), timeout=10)
-            except (ValueError, ray.exceptions.RayActorError, asyncio.TimeoutError):
+                async with asyncio.timeout(20):
+                    running = await handle.drivers.remote()
+                    serves = await handle.serves.remote()
+            except (ValueError, ray.exceptions.RayActorError, TimeoutError):
                 continue
             if serves not in (None, self.url):
                 await asyncio.to_thread(ray.kill, handle)

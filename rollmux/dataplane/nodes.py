@@ -250,8 +250,9 @@ class NodeProvisioner:
         for pool in Pool:
             for standby in list(self.standbys[pool]):
                 try:
-                    await asyncio.wait_for(standby.worker.where.remote(), timeout=STANDBY_PATIENCE_S)
-                except (ray.exceptions.RayActorError, asyncio.TimeoutError):
+                    async with asyncio.timeout(STANDBY_PATIENCE_S):
+                        await standby.worker.where.remote()
+                except (ray.exceptions.RayActorError, TimeoutError):
                     if standby in self.standbys[pool]:
                         self.standbys[pool].remove(standby)
                         await asyncio.to_thread(_give_back, standby)

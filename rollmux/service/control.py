@@ -22,7 +22,6 @@ and handled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import itertools
@@ -64,7 +63,7 @@ from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.journal import Journal
 from rollmux.service.store import Store
 from rollmux.wire.failpoints import failpoint
-from rollmux.wire.tasks import abandon, describe, install_dumps, spawn
+from rollmux.wire.tasks import abandon, describe, install_dumps, spawn, wait_event
 
 log = logging.getLogger("rollmux.control")
 NODES_PATIENCE_S = 20.0
@@ -435,10 +434,7 @@ class ControlPlane:
             grant = self._held(name, phase, epoch)
         if grant is None and wait_s > 0:
             waiter = self.waiters.setdefault(name, asyncio.Event())
-            try:
-                await asyncio.wait_for(waiter.wait(), timeout=min(wait_s, self.options.lease_s / 2))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(waiter, min(wait_s, self.options.lease_s / 2))
             grant = self._held(name, phase, epoch)
         if grant is not None:
             await self.journal.barrier()
@@ -819,8 +815,7 @@ class ControlPlane:
     async def _regroup_forever(self) -> None:
         assert self._regroup_now is not None
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._regroup_now.wait(), self.options.regroup_poll_s)
+            await wait_event(self._regroup_now, self.options.regroup_poll_s)
             while self._regroup_now.is_set():
                 # Events of one instant come as several requests (a window's departures):
                 # planned once they have all landed, as the simulator regroups once after them.

@@ -11,6 +11,7 @@ a helper future given up on goes through :func:`abandon`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import logging
 import signal
@@ -47,6 +48,17 @@ def _observe(task: asyncio.Task, what: str, on_error: Callable[[BaseException], 
         handler = spawn(on_error(error), f"handling the failure of {what}")
         _handling.add(handler)
         handler.add_done_callback(_handling.discard)
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether ``event`` was set within ``timeout_s``. Not ``asyncio.wait_for``: on Python
+    3.11 it swallows a cancellation that lands as the event is set, and a loop built on it
+    runs on after being cancelled (the control plane's stop waited for it for ever)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+            return True
+    return False
 
 
 def abandon(future: asyncio.Future) -> None:
