@@ -92,6 +92,8 @@ def main() -> None:
             f"window={start:g}-{start + args.step:g} jobs={report['jobs']} realised_usd={realised['cost_usd']:.0f} "
             f"virtual_clock_usd={clock['cost_usd']:.0f} realised_over_virtual_clock={ratio:.3f} "
             f"slo_live={realised['slo_attainment']:.3f} slo_virtual_clock={clock['slo_attainment']:.3f} "
+            f"single_period_slo_live={realised['period_slo_attainment']:.3f} "
+            f"single_period_slo_virtual_clock={clock['period_slo_attainment']:.3f} "
             f"moves_live={realised['migrations']} "
             f"decisions_same={report['decisions']['first_divergence'] is None} wall_s={report['wall_s']:.0f}",
             flush=True,

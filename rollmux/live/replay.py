@@ -321,6 +321,7 @@ def realised(trace: Trace, log: ReplayLog, options: ReplayOptions, cost: CostMod
         "cost_node_hours": sum(held.values()) / HOUR,
         **{f"{pool.value}_node_hours": sum(s for (_, p), s in held.items() if p is pool) / HOUR for pool in Pool},
         "slo_attainment": judgement.attainment,
+        "period_slo_attainment": judgement.period_attainment,
         "judged_job_hours": judgement.judged_s / HOUR,
         "mean_slowdown": statistics.fmean(values) if values else float("nan"),
         "p99_slowdown": values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan"),
