@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from rollmux.cli.main import app
 from rollmux.core.cluster import Member
-from rollmux.core.control import ControlState, Delta, PhaseEntry
+from rollmux.core.control import Capacity, ControlState, Delta, PhaseEntry
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
 from rollmux.core.regroup import RegroupConfig
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, steady_state
-from rollmux.core.spec import DEFAULT_PLANNING, JobSpec, PhaseTime, RolloutTail
+from rollmux.core.spec import DEFAULT_PLANNING, JobSpec, PhaseTime, Pool, RolloutTail
 from rollmux.core.turns import CyclicTurns
 from rollmux.inputs.trace import Trace, TraceJob, load_profile, read_trace, uniform_slo
 from rollmux.sim import control_host
@@ -369,3 +369,18 @@ def test_recorded_rounds_plan_and_ready_as_long_as_the_live_round_of_their_numbe
     assert replayed.decision_events != modelled.decision_events
     first = min(e["at"] for e in replayed.decision_events if e["kind"] == "placed")
     assert all(e["at"] >= first + 30.0 for e in replayed.decision_events if e["kind"] in ("moving", "reseated"))
+
+
+def test_with_the_live_capacity_no_more_nodes_are_held_and_a_plan_that_does_not_fit_waits_for_room():
+    """The live plane never holds more nodes than the cluster offers: a round whose new
+    nodes do not fit waits until nodes are given back. The virtual clock replaying a live
+    run is given the same capacity and the same rule (without it, it moved jobs onto
+    nodes the live cluster did not have)."""
+    trace, costs = generate(SHAPE), HostCosts(node_ready_s=60.0)
+    free = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), costs=costs)
+    peak = {pool: free.result.pools[pool].peak_nodes for pool in Pool}
+    capacity = Capacity(rollout=peak[Pool.ROLLOUT] - 1, train=peak[Pool.TRAIN] - 1)
+    bounded = simulate_control(trace, RollMuxPolicy(), regroup=RegroupConfig(), costs=costs, capacity=capacity)
+    assert free.plans_waiting == 0
+    assert bounded.plans_waiting > 0
+    assert all(bounded.result.pools[pool].peak_nodes <= capacity.limit(pool) for pool in Pool)

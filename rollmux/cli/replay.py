@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rollmux.core.control import Capacity
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
@@ -154,7 +155,7 @@ def execute(
         },
         "overlaps": replay.overlaps(log.phase_log),
         "capacity": {"rollout": rollout, "train": train},
-        "decisions": compare_decisions(trace, log, options, control_regroup, slo_guard),
+        "decisions": compare_decisions(trace, log, options, control_regroup, slo_guard, Capacity(rollout, train)),
     }
     records = phase_records(log.phase_log)
     if records:
@@ -197,13 +198,18 @@ def scaled_regroup(time_scale: float) -> RegroupConfig:
 
 
 def compare_decisions(
-    trace: Trace, log: replay.ReplayLog, options: replay.ReplayOptions, regroup: RegroupConfig | None, slo_guard: bool
+    trace: Trace,
+    log: replay.ReplayLog,
+    options: replay.ReplayOptions,
+    regroup: RegroupConfig | None,
+    slo_guard: bool,
+    capacity: Capacity,
 ) -> dict[str, Any]:
     """The live plane's placements and moves next to the virtual-clock host's, replaying
     the same submissions with the phase, start-up and transfer times the live run measured
     (:func:`replay.as_recorded`), each regrouping round planning and readying its nodes as
     long as the live round of its number (beyond them, the live rounds' mean planning
-    time), in the live plane's own units and settings; with the
+    time), in the live plane's own units, settings and capacity; with the
     virtual clock's cost (in trace time) and SLO attainment, what the live run is judged by."""
     live_options = ControlOptions()
     recorded_trace, recorded = replay.as_recorded(trace, log, options)
@@ -216,6 +222,7 @@ def compare_decisions(
         HostCosts(job_start_s=0.0, node_ready_s=0.0, settle_s=live_options.regroup_settle_s, plan_s=log.plan_s),
         slo_guard=slo_guard,
         recorded=recorded,
+        capacity=capacity,
     )
     order = {job.spec.name: index for index, job in enumerate(recorded_trace.jobs)}
     live, control = replay.live_decisions(log, order), decisions(run.decision_events, order)
@@ -230,6 +237,7 @@ def compare_decisions(
         "lifetime_slo_attainment": run.result.slo_attainment,
         "slowdowns": periods.slowdowns,
         "plan_s": log.plan_s,
+        "plans_waiting_for_room": run.plans_waiting,
         "live_rounds": log.rounds,
     }
     return {**divergence(live, control), "virtual_clock": outcome}

@@ -53,6 +53,7 @@ driver applies and charges it.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -904,6 +905,14 @@ def _freed_without(cluster: Cluster, group: Group, name: str) -> float | None:
         if any(p > m.job.period_budget * (1 + _EPS) for m, p in zip(rest, periods, strict=True)):
             return None
     return freed
+
+
+def new_node_pools(snapshot: Cluster, plan: RegroupPlan) -> list[Pool]:
+    """The pool of each node that carrying out ``plan`` on ``snapshot`` adds: what the
+    cluster's capacity must have room for before its moves start."""
+    trial = copy.deepcopy(snapshot)
+    apply_regroup(trial, plan)
+    return [pool for node, pool in trial.node_pool.items() if node not in snapshot.node_pool]
 
 
 def apply_regroup(cluster: Cluster, plan: RegroupPlan, node_ids: Iterator[int] | None = None) -> None:

@@ -55,7 +55,7 @@ from rollmux.core.control import (
 )
 from rollmux.core.errors import JobEnded, JobExists, RollMuxError, UnknownJob
 from rollmux.core.placement import make_policy
-from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
+from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, new_node_pools, plan_regroup
 from rollmux.core.replicas import plan_buddies
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning, Pool
@@ -609,7 +609,11 @@ class ControlPlane:
             if self._regroup_now is not None:
                 self._regroup_now.set()
         if self._waiting_room and any(not entry.held for entry in delta.nodes):
-            self._waiting_room, self._regroup_due = False, True
+            # Nodes given back: the round that waited for room is planned again now (after
+            # the settle delay, as the virtual clock does), not at the next poll.
+            self._waiting_room, self._regroup_due = False, self.options.regroup is not None
+            if self._regroup_now is not None:
+                self._regroup_now.set()
         self._carry(delta.movable)
         for name in waking:
             waiter = self.waiters.pop(name, None)
@@ -905,9 +909,7 @@ class ControlPlane:
         """Ready the plan's new nodes (placement groups, workers) on ids set aside for them
         before its jobs stop, so a move pauses a job only for its state's transfer; then
         start the moves, if the plan's groups did not change meanwhile."""
-        trial = copy.deepcopy(snapshot)
-        apply_regroup(trial, plan)
-        pools = [pool for node, pool in trial.node_pool.items() if node not in snapshot.node_pool]
+        pools = new_node_pools(snapshot, plan)
         short = self.state.shortfall(pools)
         if short:
             # Its jobs would stop at their boundaries and wait for nodes only moves free:

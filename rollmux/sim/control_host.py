@@ -48,9 +48,9 @@ from pathlib import Path
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.configs import colocated_phases
-from rollmux.core.control import ENDED_STATES, RUNNING, ControlState, Delta, Job, PhaseTiming
+from rollmux.core.control import ENDED_STATES, RUNNING, Capacity, ControlState, Delta, Job, PhaseTiming
 from rollmux.core.placement import Policy
-from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, apply_regroup, plan_regroup
+from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, new_node_pools, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool, RolloutTail
 from rollmux.core.turns import JobNodes
@@ -205,6 +205,8 @@ class ControlRun:
     moves_started: int = 0
     moves_done: int = 0
     plans_dropped: int = 0
+    plans_waiting: int = 0
+    """Plans whose new nodes did not fit the capacity: planned again once nodes were given back."""
     guard_moves: int = 0
     events: int = 0
     node_log: list[tuple[float, int, str, bool]] = field(default_factory=list)
@@ -263,9 +265,12 @@ class _Host:
         slo_guard: bool,
         faults: Faults | None = None,
         recorded: Recorded | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         self.policy, self.faults, self.recorded = policy, faults, recorded or Recorded()
         self.state = ControlState(Cluster(cost=cost, planning=planning), policy, lease_s=math.inf)
+        if capacity is not None:
+            self.state.set_capacity(capacity, 0.0)
         self.regroup, self.costs, self.slo_guard = regroup, costs, slo_guard
         self.move_model = regroup or RegroupConfig()
         self.regrouping = RegroupState()
@@ -283,6 +288,8 @@ class _Host:
         self.planning = False
         """A round is planning or readying its new nodes: a round due meanwhile follows it."""
         self.round_after_plan = False
+        self.waiting_room = False
+        """The last round's plan did not fit the capacity: planned again once nodes are given back."""
         self.rounds_planned = 0
         self.examined_at = -math.inf if regroup is not None else math.inf
         """When the last regrouping round took its snapshot: a job placed since waits for
@@ -366,7 +373,10 @@ class _Host:
                 self.at(self.now + move_s, "carried", name, job.epoch, job.move.decided_at)
         if delta.nodes:
             self.pay(delta)
-        if delta.asks_for_round():
+        room = self.waiting_room and any(not entry.held for entry in delta.nodes)
+        if room:
+            self.waiting_room = False
+        if delta.asks_for_round() or room:
             self.round_soon()
 
     def transfer_s(self, name: str, moves: int, spec: JobSpec) -> float:
@@ -596,6 +606,7 @@ class _Host:
         if self.planning:
             self.round_after_plan = True  # one round at a time: this one follows it
             return
+        self.waiting_room = False
         plan = self.plan(self.state.movable_view())
         snapshot = copy.deepcopy(self.state.cluster) if plan is not None else None
         self.rounds_planned += 1
@@ -629,9 +640,17 @@ class _Host:
         if not self.state.still_movable(plan, snapshot):
             self.drop()
             return
+        pools = new_node_pools(snapshot, plan)
+        if self.state.shortfall(pools):
+            # As live: its jobs would stop and wait for nodes only moves free; planned
+            # again once nodes are given back.
+            self.run.plans_waiting += 1
+            self.waiting_room = True
+            self.start_placed()
+            self.round_over()
+            return
         self.start_placed(frozenset(job.name for job in plan.moved))
-        ready = ready_s if self.new_nodes(plan, snapshot) else 0.0
-        self.at(self.now + ready, "apply", plan, snapshot, self.generation)
+        self.at(self.now + (ready_s if pools else 0.0), "apply", plan, snapshot, self.generation)
 
     def round_over(self) -> None:
         self.planning = False
@@ -649,12 +668,6 @@ class _Host:
     def plan(self, view: Cluster) -> RegroupPlan | None:
         assert self.regroup is not None
         return plan_regroup(view, self.regroup, self.regrouping, self.state.progress(view, self.now))
-
-    @staticmethod
-    def new_nodes(plan: RegroupPlan, snapshot: Cluster) -> bool:
-        trial = copy.deepcopy(snapshot)
-        apply_regroup(trial, plan)
-        return any(node not in snapshot.node_pool for node in trial.node_pool)
 
     def apply(self, plan: RegroupPlan, snapshot: Cluster, generation: int) -> None:
         if generation != self.generation:
@@ -775,8 +788,15 @@ class _Host:
         self.journal.flush()
         before = {name: job.iteration for name, job in self.state.jobs.items()}
         cluster = self.state.cluster
+        capacity = self.state.capacity
         self.state = ControlState.restore(
-            self.journal.store.load(), cluster.cost, cluster.planning, self.policy, self.now, lease_s=math.inf
+            self.journal.store.load(),
+            cluster.cost,
+            cluster.planning,
+            self.policy,
+            self.now,
+            lease_s=math.inf,
+            capacity=capacity,
         )
         missing = sorted(set(before) - set(self.state.jobs))
         if missing:
@@ -790,7 +810,7 @@ class _Host:
             )
         self.generation += 1
         self.regrouping, self.round_at = RegroupState(), None
-        self.planning = self.round_after_plan = False
+        self.planning = self.round_after_plan = self.waiting_room = False
         for job in list(self.state.jobs.values()):
             if job.name in self.starting:
                 self.state.claim(job.name)
@@ -834,6 +854,7 @@ def simulate_control(
     on_event: Callable[[], None] | None = None,
     faults: Faults | None = None,
     recorded: Recorded | None = None,
+    capacity: Capacity | None = None,
 ) -> ControlRun:
     """Replay ``trace`` through the control plane's state machine under a virtual clock.
 
@@ -844,10 +865,23 @@ def simulate_control(
     too): queueing, further start-ups, moves and the turns it waited all count against it.
     ``on_event`` is called at every arrival and departure (progress). ``faults`` injects
     seeded faults (:mod:`rollmux.sim.faults`) and checks the invariants at every step.
-    ``recorded``: a live run's measured times, used instead of drawn and modelled ones."""
+    ``recorded``: a live run's measured times, used instead of drawn and modelled ones.
+    ``capacity``: the nodes the cluster offers (None: as many as asked for); a job that
+    does not fit waits in the queue, and a round whose new nodes do not fit waits for room,
+    as live."""
     check_phase_budget(trace)
     host = _Host(
-        trace, policy, cost or CostModel(), planning, regroup, costs or HostCosts(), seed, slo_guard, faults, recorded
+        trace,
+        policy,
+        cost or CostModel(),
+        planning,
+        regroup,
+        costs or HostCosts(),
+        seed,
+        slo_guard,
+        faults,
+        recorded,
+        capacity,
     )
     return host.drive(on_event)
 
