@@ -346,7 +346,8 @@ def test_a_round_lasts_until_its_new_nodes_are_ready_and_the_next_one_waits_for_
 
         monkeypatch.setattr(control_host._Host, name, spy)
     ready_s = 300.0
-    simulate_control(generate(SHAPE), RollMuxPolicy(), regroup=RegroupConfig(), costs=HostCosts(node_ready_s=ready_s))
+    costs = HostCosts(node_ready_s=ready_s, plan_s=0.0)
+    simulate_control(generate(SHAPE), RollMuxPolicy(), regroup=RegroupConfig(), costs=costs)
     plans = [at for name, at in calls if name == "plan"]
     readied = [at for name, at in calls if name == "apply" and any(abs(p - (at - ready_s)) < 1e-6 for p in plans)]
     assert readied, "some plans ready new nodes"
