@@ -4,7 +4,10 @@ Starts a fresh service process, then ``--clients`` threads submit ``--jobs`` pro
 shaped jobs as fast as the service acknowledges them (each acknowledgement means the
 placement is committed to disk). The same clients' ``/healthz`` round trip is measured in
 the same run, so the cost of a durable placement shows as a ratio to a bare request.
-Last line: ``submit_per_s=… p99_ms=…``.
+With ``--pollers N``, N more clients then read the regrouping round log
+(``GET /v1/regrouping/rounds``, whole pages) all at once, while one client's ``/healthz``
+round trip is measured beside them: the ratio to the bare round trip measured before shows
+what the readers cost everyone else. Last line: ``submit_per_s=… p99_ms=…``.
 """
 
 from __future__ import annotations
@@ -43,10 +46,35 @@ def timed_calls(call, count: int, clients: int) -> tuple[list[float], float]:
     return latencies, time.perf_counter() - start
 
 
+def poll_round_log(service: ServiceProcess, pollers: int, healthz_p50_ms: float) -> None:
+    """``pollers`` clients read the whole round log at once, each on its own connection,
+    while one more client's ``/healthz`` round trip is timed beside them."""
+    limits = httpx.Limits(max_connections=pollers + 1, max_keepalive_connections=pollers + 1)
+    with httpx.Client(headers=service.auth, timeout=120, limits=limits) as client:
+
+        def read(_i: int) -> None:
+            response = client.get(service.url + "/v1/regrouping/rounds", params={"after": -1, "limit": 10_000})
+            response.raise_for_status()
+
+        with ThreadPoolExecutor(max_workers=1) as beside:
+            probe = beside.submit(
+                timed_calls, lambda _i: client.get(service.url + "/healthz").raise_for_status(), 200, 1
+            )
+            read_ms, wall = timed_calls(read, pollers, pollers)
+            healthz_ms, _ = probe.result()
+        rounds = len(client.get(service.url + "/v1/regrouping/rounds").json())
+    print(
+        f"pollers={pollers} rounds_kept={rounds} wall_s={wall:.1f} read_ms p50={statistics.median(read_ms):.1f} "
+        f"p99={quantile(read_ms, 0.99):.1f} healthz_beside_p50_ms={statistics.median(healthz_ms):.2f} "
+        f"healthz_beside_over_alone={statistics.median(healthz_ms) / healthz_p50_ms:.1f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--pollers", type=int, default=0, help="clients reading the round log at once afterwards")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         service = ServiceProcess(Path(folder) / "state").start()
@@ -64,6 +92,8 @@ def main() -> None:
                 health_ms, _ = timed_calls(health, args.jobs, args.clients)
                 submit_ms, wall = timed_calls(submit, args.jobs, args.clients)
                 groups = len(client.get(service.url + "/v1/groups").json())
+            if args.pollers:
+                poll_round_log(service, args.pollers, statistics.median(health_ms))
         finally:
             service.stop()
     p50, p99 = statistics.median(submit_ms), quantile(submit_ms, 0.99)
