@@ -155,7 +155,8 @@ def execute(
         },
         "overlaps": replay.overlaps(log.phase_log),
         "capacity": {"rollout": rollout, "train": train},
-        "decisions": compare_decisions(trace, log, options, control_regroup, slo_guard, Capacity(rollout, train)),
+        "live_capacity": log.capacity,
+        "decisions": compare_decisions(trace, log, options, control_regroup, slo_guard, live_capacity(log)),
     }
     records = phase_records(log.phase_log)
     if records:
@@ -164,6 +165,12 @@ def execute(
     console.print(agreement_table(report))
     console.print(decisions_line(report["decisions"]))
     return report
+
+
+def live_capacity(log: replay.ReplayLog) -> Capacity:
+    """The capacity the live control plane had (Ray's units, spare workers' included), so
+    that the virtual clock waits for room exactly where the live plane did."""
+    return Capacity(rollout=log.capacity.get(Pool.ROLLOUT.value), train=log.capacity.get(Pool.TRAIN.value))
 
 
 def warm_for_peak(options: replay.ReplayOptions, summary: dict[str, Any], jobs: int) -> replay.ReplayOptions:

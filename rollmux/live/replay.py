@@ -128,6 +128,9 @@ class ReplayLog:
     """The control plane's regrouping figures at the end."""
     rounds: list[dict[str, Any]] = field(default_factory=list)
     """Each regrouping round's planning and readying seconds (``/v1/regrouping/rounds``)."""
+    capacity: dict[str, int | None] = field(default_factory=dict)
+    """The nodes per pool the control plane offered jobs: what Ray offers, its spare
+    workers' units included, less those its standby workers keep (``/v1/cluster``)."""
 
     @property
     def plan_s(self) -> float:
@@ -242,7 +245,8 @@ def run(
     log.phase_log = client.phase_log()
     log.events = {name: client.request("GET", f"/v1/jobs/{name}/events") for name in names}
     log.views = {name: client.request("GET", f"/v1/jobs/{name}") for name in names}
-    log.regrouping = client.request("GET", "/v1/cluster")["regrouping"]
+    cluster = client.request("GET", "/v1/cluster")
+    log.regrouping, log.capacity = cluster["regrouping"], cluster["capacity"]
     log.rounds = _pages(client, "/v1/regrouping/rounds")
     return log
 
