@@ -495,17 +495,24 @@ class ControlPlane:
         view["lost_grace_s"] = self.state.lost_grace_s
         return view
 
+    async def _read_committed(self, read: Callable[..., Any], *args: Any) -> Any:
+        """Read a store-backed log once every change already made in memory is committed: a
+        client that saw a job's new state (answered from memory) then reads its log must find
+        the entries behind that state there, not an older page."""
+        await self._persist()
+        return await asyncio.to_thread(read, *args)
+
     async def phase_log(self, name: str | None, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.store.phases, name, after, limit)
+        return await self._read_committed(self.store.phases, name, after, limit)
 
     async def node_log(self, after: int, limit: int) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.store.node_log, after, limit)
+        return await self._read_committed(self.store.node_log, after, limit)
 
     async def events(self, name: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.store.events, name)
+        return await self._read_committed(self.store.events, name)
 
     async def metrics(self, name: str) -> list[dict[str, float]]:
-        return await asyncio.to_thread(self.store.metrics, name)
+        return await self._read_committed(self.store.metrics, name)
 
     def groups(self) -> list[dict[str, Any]]:
         cluster = self.state.cluster
