@@ -4,11 +4,12 @@
 scenarios marked ``slow`` are the longer live variants: more kill points of moves,
 failovers and copies, two runs sharing one Ray
 cluster in every order, the TRL jobs multiplexed next to each alone (on vLLM engines too),
-a vLLM engine killed in a job's rollout. They are as strict as the rest; they only take
+a vLLM engine killed in a job's rollout, long-tail migration live on vLLM engines, the
+control plane killed while a regrouping readies its new nodes. They are as strict as the rest; they only take
 longer. This runs them with pytest and prints one line per test with its time, then
 ``passed=… failed=… wall_s=…`` (exit 1 if any failed).
 
-    python bench/scenarios.py            # every slow scenario (about 15-20 minutes on two cores)
+    python bench/scenarios.py            # every slow scenario (tens of minutes on two cores)
     python bench/scenarios.py -k failover  # the ones whose name matches
 """
 

@@ -19,6 +19,8 @@ from rollmux.dataplane.connect import start_ray
 from rollmux.inputs.runfile import RunFile
 from rollmux.live.launch import RunResult, run_plan
 
+pytestmark = pytest.mark.slow  # two live runs of four vLLM engines each, 4-7 minutes: bench/scenarios.py runs it
+
 ENTRYPOINT = "rollmux.jobs.tail_grpo:TailTRLJob.from_context"
 ITERATIONS = 3
 TASK = {"prompts_per_iteration": 4, "num_generations": 4, "median_tokens": 6.0, "length_sigma": 1.0}

@@ -682,6 +682,18 @@ class ControlState:
             lost.append(job.name)
         return lost
 
+    def renew_deadlines(self, now: float) -> None:
+        """Every live session gets a full lease from ``now``, and every job seated without
+        one a full grace: after a restart, from when the control plane answers again. Its
+        host may spend many seconds rebuilding, reconnecting to Ray and warming workers
+        before any driver can reach it; a lease counted from the rebuild would be lost for
+        that wait, and the job charged a restart for the control plane's own crash."""
+        for job in self.jobs.values():
+            if job.state in SESSION_STATES:
+                job.lease_until = now + self.lease_s
+            if job.state in (PLACED, LOST):
+                job.unseat_at = now + self.lost_grace_s
+
     def _park(self, job: Job, now: float) -> None:
         """Unseat an external job nobody runs: its nodes are released and its cost stops; it
         is pending, out of the admission queue, until its driver asks for a session."""
@@ -1112,14 +1124,11 @@ class ControlState:
         state.next_token = counters.get("next_token", 0)
         for r in records:
             job = replace(r.job, request=None, restart_at=None, unseat_at=None, restarts_in_a_row=0)
-            if job.state in SESSION_STATES:
-                job.lease_until = now + lease_s
-            if job.state in (PLACED, LOST):
-                job.unseat_at = now + state.lost_grace_s
             state.jobs[job.name] = job
             if job.state == PENDING and not job.parked:
                 state.queue.append(job.name)
         state.queue.sort(key=lambda n: (-state.jobs[n].priority, state.jobs[n].seq))
+        state.renew_deadlines(now)
         cycles = {name: job.cycles for name, job in state.jobs.items()}  # rebuilding turns resets them
         for group in cluster.groups.values():
             state._rebuild_turns(group)

@@ -283,6 +283,7 @@ class ControlPlane:
         await self._persist()
         await self._sync_nodes()
         await self.executor.warm_up()
+        self.state.renew_deadlines(self.clock())  # counted from now: no driver could reach it until now
         self._tasks = [
             spawn(self._expire_forever(), "watching leases and graces"),
             spawn(self._reconcile_forever(), "reconciling with the executor"),
@@ -931,6 +932,7 @@ class ControlPlane:
         try:
             await self._persist()
             await self._sync_nodes()
+            failpoint("regroup:readying")
             ready = asyncio.ensure_future(self.executor.wait_nodes(tuple(ids)))
             done, _ = await asyncio.wait({ready}, timeout=NODES_PATIENCE_S)
             if done and ready.exception() is not None:
