@@ -120,6 +120,10 @@ def test_simulate_command_runs_the_control_engine_and_refuses_it_with_failures(t
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["ratios"]["solo"]["cost_over_rollmux"] > 1
+    steady = report["steady_state_slo"]
+    assert steady["solo"]["attainment"] == 1.0, "alone, every steady period is the solo one"
+    assert steady["rollmux"]["judged_job_hours"] > 0 and 0 <= steady["rollmux"]["single_period_attainment"] <= 1
+    assert "SLO by steady-state period" in result.output
     result = CliRunner().invoke(app, [*args, "--mtbf-hours", "50"])
     assert result.exit_code == 2
     assert "control engine" in result.output

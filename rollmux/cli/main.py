@@ -280,6 +280,8 @@ def simulate(
         )
     out.print(comparison_table(result, f"{trace.name}: {len(loaded.jobs)} jobs, {loaded.end / 86400:.1f} days"))
     out.print(fluid_line(result), highlight=False)
+    if result.steady:
+        out.print(steady_line(result), highlight=False)
     if regroup:
         out.print(regroup_line(result.results[result.reference]), highlight=False)
     estimated = estimated_line(result.results[result.reference])
@@ -503,6 +505,18 @@ def estimated_line(result: SimResult, named: int = 5) -> str:
     return (
         f"estimated ({result.policy}): {len(jobs)} jobs ran co-located on estimated times, {hours:,.1f} of "
         f"{total:,.1f} co-located job-hours: {shown}{more}. Rule: {COLOCATED_ESTIMATE_RULE}; the JSON lists them all"
+    )
+
+
+def steady_line(result: Comparison) -> str:
+    """The control engine's SLO by steady-state periods, next to the table's lifetime figure."""
+    parts = [
+        f"{name} {100 * j.attainment:.2f} % (single periods {100 * j.period_attainment:.2f} %)"
+        for name, j in result.steady.items()
+    ]
+    return (
+        "SLO by steady-state period (the brief's slowdown; the table's SLO is over each job's whole life, "
+        "start-up and first turns counted): " + ", ".join(parts)
     )
 
 

@@ -16,6 +16,7 @@ from rollmux.inputs.trace import Trace, check_colocated_times
 from rollmux.sim.control_host import HostCosts, simulate_control
 from rollmux.sim.failures import FailureModel
 from rollmux.sim.faults import FaultAccount, Faults
+from rollmux.sim.periods import PeriodJudgement, judge_periods
 from rollmux.sim.simulator import HOUR, Realisation, SimResult, fluid_lower_bound_usd, simulate
 
 REFERENCE = "rollmux"
@@ -36,6 +37,10 @@ class Comparison:
     faults: Faults | None = None
     with_faults: dict[str, tuple[SimResult, FaultAccount]] = field(default_factory=dict)
     """The same policies through the control engine with ``faults`` injected (empty without)."""
+    steady: dict[str, PeriodJudgement] = field(default_factory=dict)
+    """Control engine only: each policy's SLO judged by steady-state periods, the brief's
+    definition, next to the lifetime slowdowns its results judge (start-up and first turns
+    counted, which a job of a few iterations cannot amortise)."""
 
     @property
     def reference(self) -> str:
@@ -83,6 +88,19 @@ class Comparison:
             "example_group": [{"job": job, **asdict(seat)} for job, seat in self.results[ref].example_group],
             **({"failures": self.failures_json()} if self.failure_model else {}),
             **({"faults": self.faults_json()} if self.faults else {}),
+            **({"steady_state_slo": self.steady_json()} if self.steady else {}),
+        }
+
+    def steady_json(self) -> dict:
+        """Per policy: the share of judged job-time whose steady segment's mean period is
+        within SLO, the stricter share judged period by period, and the job-hours judged."""
+        return {
+            name: {
+                "attainment": judged.attainment,
+                "single_period_attainment": judged.period_attainment,
+                "judged_job_hours": judged.judged_s / HOUR,
+            }
+            for name, judged in self.steady.items()
         }
 
     def faults_json(self) -> dict:
@@ -180,15 +198,16 @@ def compare(
     runs: dict[str, SimResult] = {}
     with_failures: dict[str, SimResult] = {}
     with_faults: dict[str, tuple[SimResult, FaultAccount]] = {}
+    steady: dict[str, PeriodJudgement] = {}
     for name in policies:
         tick = (lambda _cluster, n=name: on_event(n)) if on_event else None
         regrouping = regroup if name == REFERENCE else None
         if engine == "control":
             policy = make_policy(name, seed)
             ticks = (lambda n=name: on_event(n)) if on_event else None
-            runs[name] = simulate_control(
-                trace, policy, cost, planning, regrouping, HostCosts(), seed, on_event=ticks
-            ).result
+            control = simulate_control(trace, policy, cost, planning, regrouping, HostCosts(), seed, on_event=ticks)
+            runs[name] = control.result
+            steady[name] = judge_periods(trace.jobs, control.train_ends, control.turn_changes)
             if faults:
                 faulted = simulate_control(
                     trace,
@@ -216,4 +235,6 @@ def compare(
                 failures=model,
             )
             (with_failures if model else runs)[name] = run
-    return Comparison(runs, fluid_lower_bound_usd(trace, cost), seed, failures, with_failures, faults, with_faults)
+    return Comparison(
+        runs, fluid_lower_bound_usd(trace, cost), seed, failures, with_failures, faults, with_faults, steady
+    )
