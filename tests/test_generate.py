@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from rollmux.cli.main import app
 from rollmux.inputs.errors import InputError
 from rollmux.inputs.trace import read_trace, uniform_slo
 from rollmux.sim.compare import compare
-from rollmux.sim.generate import TraceShape, generate, write_jsonl
+from rollmux.sim.generate import BENCH_SHAPES, TraceShape, generate, write_jsonl
 
 
 def test_the_same_seed_gives_the_same_trace_and_jsonl_reads_it_back(tmp_path):
@@ -57,3 +58,14 @@ def test_generate_command_writes_a_trace(tmp_path: Path):
     result = CliRunner().invoke(app, ["generate", str(out), "--jobs", "12", "--seed", "4"])
     assert result.exit_code == 0, result.output
     assert len(out.read_text().splitlines()) == 12
+
+
+def test_generate_command_writes_each_bench_mix_as_the_benches_generate_it(tmp_path: Path):
+    """The five mixes of the schedule-quality benches, from the command line: the same bytes."""
+    for name, shape in BENCH_SHAPES.items():
+        out, expected = tmp_path / f"{name}.jsonl", tmp_path / f"{name}-bench.jsonl"
+        args = ["--jobs", "20", "--mix", shape.mix, "--arrivals", shape.arrivals, "--seed", "1"]
+        result = CliRunner().invoke(app, ["generate", str(out), *args, "--median-hours", str(shape.median_hours)])
+        assert result.exit_code == 0, result.output
+        write_jsonl(generate(replace(shape, jobs=20, seed=1)), expected)
+        assert out.read_bytes() == expected.read_bytes(), name

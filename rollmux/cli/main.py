@@ -609,12 +609,15 @@ def generate(
     mix: Annotated[str, typer.Option(help="production, training-heavy or rollout-heavy")] = "production",
     arrivals: Annotated[str, typer.Option(help="uniform or bursty")] = "bursty",
     seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same trace")] = 0,
+    median_hours: Annotated[
+        float, typer.Option(min=0.1, max=10_000.0, help="Median run time of a job (48: the long-lived mix)")
+    ] = 12.0,
 ) -> None:
     """Write a seeded synthetic trace (see rollmux.sim.generate for the mixes and arrivals)."""
     from rollmux.sim.generate import TraceShape, write_jsonl
     from rollmux.sim.generate import generate as make_trace
 
-    trace = make_trace(TraceShape(jobs=jobs, mix=mix, arrivals=arrivals, seed=seed))
+    trace = make_trace(TraceShape(jobs=jobs, mix=mix, arrivals=arrivals, seed=seed, median_hours=median_hours))
     write_jsonl(trace, out_file)
     out.print(f"{out_file}: {len(trace.jobs)} jobs over {trace.end / 86400:.1f} days ({mix}, {arrivals}, seed {seed})")
 
