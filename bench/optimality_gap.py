@@ -15,9 +15,10 @@ consecutive ones spread over ``--workers`` processes (one per core by default).
 
 ``--mixes`` measures the five synthetic mixes of rollmux.sim.generate.BENCH_SHAPES
 instead (uniform, rollout-heavy, training-heavy, bursty, long-lived; ``--jobs`` each);
-``--fast`` is the mode that finishes in minutes: the five mixes at 120 jobs, every 10th
-snapshot, no escalation (bounding a snapshot of 60-80 running jobs, as 300-job bursty traces
-have, takes minutes on its own).
+``--fast`` is the shortest mode: the five mixes at 120 jobs, every 10th snapshot, no
+escalation (bounding a snapshot of 60-80 running jobs, as 300-job bursty traces have, takes
+minutes on its own). It does not finish in 10 minutes on two cores: on 81ff457 it had
+bounded three mixes after 17 (docs/results.md).
 ``charged_gap`` adds the migrations' dollars, as a share of the trace's cost, to the mean
 gap: the gap with regrouping's migrations charged.
 
