@@ -4,11 +4,11 @@ For each mix of rollmux.sim.generate.BENCH_SHAPES (``--jobs`` jobs, ``--seed``),
 simulated under RollMux with regrouping (migrations charged) once per setting, and once
 under Solo. A setting is a budget of moves (``--moves-per-day``; "none": no budget) or a
 risk price per move (``--move-risk``, dollars a move must repay within the horizon beyond
-its pause); every budget is run at the first risk price and every risk price without a
-budget. Prints one line per run: cost, cost relative to the first setting, moves per job
-(those with a pause), the most moves of one job, SLO attainment and Solo / RollMux. The
-last line is the mean over the mixes of each setting's moves per job and cost ratio. Runs
-are spread over ``--workers`` processes.
+its pause), all at one horizon (``--move-horizon-hours``); every budget is run at the
+first risk price and every risk price without a budget. Prints one line per run: cost,
+cost relative to the first setting, moves per job (those with a pause), the most moves of
+one job, SLO attainment and Solo / RollMux. The last line is the mean over the mixes of
+each setting's moves per job and cost ratio. Runs are spread over ``--workers`` processes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import MOVE_RISK_GRACE, MOVE_RISK_GROWTH
+from rollmux.core.spec import MOVE_HORIZON_S, MOVE_RISK_GRACE, MOVE_RISK_GROWTH
 from rollmux.sim.generate import BENCH_SHAPES, generate
 from rollmux.sim.simulator import simulate
 
@@ -45,22 +45,29 @@ def run(mix: str, jobs: int, seed: int, setting: str) -> dict[str, float]:
 
 
 def regroup_config(setting: str) -> RegroupConfig:
-    """``moves_per_day=N risk=R`` as a RegroupConfig (N "none": no budget)."""
+    """``moves_per_day=N risk=R growth=G grace=K horizon_h=H`` as a RegroupConfig (N "none": no budget)."""
     fields = dict(part.split("=") for part in setting.split())
     budget = None if fields["moves_per_day"] == "none" else float(fields["moves_per_day"])
     growth, grace = float(fields["growth"]), int(fields["grace"])
     return RegroupConfig(
-        moves_per_day=budget, move_risk_usd=float(fields["risk"]), move_risk_growth=growth, move_risk_grace=grace
+        moves_per_day=budget,
+        move_risk_usd=float(fields["risk"]),
+        move_risk_growth=growth,
+        move_risk_grace=grace,
+        horizon_s=float(fields["horizon_h"]) * 3600,
     )
 
 
-def settings(budgets: list[str], risks: list[float], growths: list[float], grace: int = 0) -> list[str]:
+def settings(
+    budgets: list[str], risks: list[float], growths: list[float], grace: int = 0, horizon_h: float = 2.0
+) -> list[str]:
     """Every budget at the first risk price, then every other risk price without a budget,
-    then every other growth of the risk price at the first risk price; all with ``grace``."""
+    then every other growth of the risk price at the first risk price; all with ``grace``
+    and a horizon of ``horizon_h`` hours."""
     out = [f"moves_per_day={b} risk={risks[0]:g} growth={growths[0]:g}" for b in budgets]
     out += [f"moves_per_day=none risk={r:g} growth={growths[0]:g}" for r in risks[1:]]
     out += [f"moves_per_day=none risk={risks[0]:g} growth={g:g}" for g in growths[1:]]
-    return list(dict.fromkeys(f"{setting} grace={grace}" for setting in out))
+    return list(dict.fromkeys(f"{setting} grace={grace} horizon_h={horizon_h:g}" for setting in out))
 
 
 def main() -> None:
@@ -79,10 +86,18 @@ def main() -> None:
     parser.add_argument(
         "--move-risk-grace", type=int, default=MOVE_RISK_GRACE, help="moves of a job before its risk grows (shipped)"
     )
+    parser.add_argument(
+        "--move-horizon-hours",
+        type=float,
+        default=MOVE_HORIZON_S / 3600,
+        help="hours a move's saving has to repay it in (default: the shipped one)",
+    )
     parser.add_argument("--mixes", nargs="+", choices=sorted(BENCH_SHAPES), default=list(BENCH_SHAPES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    chosen = settings(args.moves_per_day, args.move_risk, args.move_risk_growth, args.move_risk_grace)
+    chosen = settings(
+        args.moves_per_day, args.move_risk, args.move_risk_growth, args.move_risk_grace, args.move_horizon_hours
+    )
     runs = [(mix, s) for mix in args.mixes for s in [SOLO, *chosen]]
     found: dict[tuple[str, str], dict[str, float]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:

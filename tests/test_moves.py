@@ -252,6 +252,18 @@ def test_a_grace_of_moves_keeps_a_jobs_first_moves_at_the_flat_risk(earlier_move
     assert state.regroup(config, RegroupState(), 3.0) == moved
 
 
+@pytest.mark.parametrize(
+    ("hours", "moved"),
+    [pytest.param(2.0, [], id="two-hours"), pytest.param(8.0, ["a"], id="eight-hours")],
+)
+def test_the_horizon_is_how_long_a_moves_saving_has_to_repay_its_risk(hours, moved):
+    """a's move saves $56.32/h: $112.64 within 2 hours does not repay a $150 risk, $450.56
+    within 8 hours does (a says no end, so its window is the whole horizon)."""
+    state, _ = half_empty()
+    config = replace(FREE_MOVES, move_risk_usd=150.0, horizon_s=hours * 3600)
+    assert state.regroup(config, RegroupState(), 3.0) == moved
+
+
 def test_a_negative_risk_growth_is_refused_by_name():
     with pytest.raises(ValueError, match="move_risk_growth"):
         RegroupConfig(move_risk_growth=-0.5)

@@ -181,3 +181,18 @@ def test_jobs_run_co_located_on_estimated_times_are_named_with_their_hours():
     assert summary["estimated_colocated_job_hours"] == pytest.approx(summary["colocated_job_hours"])
     line = estimated_line(result)
     assert f"{len(estimated)} jobs ran co-located on estimated times" in line and "1.98 x rollout" in line
+
+
+def test_the_move_horizon_option_reaches_regrouping_and_a_zero_horizon_is_refused(monkeypatch):
+    seen: list[RegroupConfig | None] = []
+
+    def record(*args, regroup=None, **kwargs):
+        seen.append(regroup)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("rollmux.sim.compare.compare", record)
+    arguments = ["simulate", str(DATA / "production-200jobs.trace"), "--profile", str(DATA / "production-profile.json")]
+    assert CliRunner().invoke(app, [*arguments, "--move-horizon-hours", "8"]).exit_code == 0
+    assert seen[0] is not None and seen[0].horizon_s == 8 * 3600
+    refused = CliRunner().invoke(app, [*arguments, "--move-horizon-hours", "0"])
+    assert refused.exit_code == 2 and "--move-horizon-hours" in refused.output

@@ -25,7 +25,15 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.configs import COLOCATED_ESTIMATE_RULE
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
-from rollmux.core.spec import DEFAULT_PLANNING, MOVE_RISK_GRACE, MOVE_RISK_GROWTH, MOVE_RISK_USD, Planning, Pool
+from rollmux.core.spec import (
+    DEFAULT_PLANNING,
+    MOVE_HORIZON_S,
+    MOVE_RISK_GRACE,
+    MOVE_RISK_GROWTH,
+    MOVE_RISK_USD,
+    Planning,
+    Pool,
+)
 from rollmux.inputs.jobfile import load_job_file
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.sim import failures as fail
@@ -54,6 +62,14 @@ MoveRisk = Annotated[
         min=0,
         max=100_000,
         help="Dollars each move must repay within regrouping's horizon beyond its pause (fewer, larger moves)",
+    ),
+]
+MoveHorizon = Annotated[
+    float,
+    typer.Option(
+        min=0.01,
+        max=24 * 365,
+        help="Hours within which a move's saving must repay its pause, lost work and risk (or the mover's life)",
     ),
 ]
 MoveRiskGrowth = Annotated[
@@ -136,6 +152,7 @@ def simulate(
     ] = True,
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
+    move_horizon_hours: MoveHorizon = MOVE_HORIZON_S / 3600,
     move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
     move_risk_grace: MoveRiskGrace = MOVE_RISK_GRACE,
     rollout_cv: Annotated[
@@ -268,6 +285,7 @@ def simulate(
             regroup=RegroupConfig(
                 moves_per_day=moves_per_day,
                 move_risk_usd=move_risk_usd,
+                horizon_s=move_horizon_hours * 3600,
                 move_risk_growth=move_risk_growth,
                 move_risk_grace=move_risk_grace,
             )
@@ -814,6 +832,7 @@ def serve(
     ] = 0.25,
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
+    move_horizon_hours: MoveHorizon = MOVE_HORIZON_S / 3600,
     move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
     move_risk_grace: MoveRiskGrace = MOVE_RISK_GRACE,
     slo_guard: Annotated[
@@ -862,6 +881,7 @@ def serve(
             pause_s=migration_pause_s,
             moves_per_day=moves_per_day,
             move_risk_usd=move_risk_usd,
+            horizon_s=move_horizon_hours * 3600,
             move_risk_growth=move_risk_growth,
             move_risk_grace=move_risk_grace,
         )

@@ -66,7 +66,15 @@ from rollmux.core.configs import Checks, Config, cheapest_config, colocated_phas
 from rollmux.core.optimum import GroupPlan
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.roundrobin import steady_state
-from rollmux.core.spec import MOVE_RISK_GRACE, MOVE_RISK_GROWTH, MOVE_RISK_USD, JobSpec, Planning, Pool
+from rollmux.core.spec import (
+    MOVE_HORIZON_S,
+    MOVE_RISK_GRACE,
+    MOVE_RISK_GROWTH,
+    MOVE_RISK_USD,
+    JobSpec,
+    Planning,
+    Pool,
+)
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -89,7 +97,7 @@ class RegroupConfig:
 
     s_per_gb: float = 0.25
     pause_s: float = 30.0
-    horizon_s: float = 7200.0
+    horizon_s: float = MOVE_HORIZON_S
     max_group: int = 6
     neighbourhood_jobs: int = 48
     """Jobs a round examines at most (touched groups first, then the dearest others). 48
