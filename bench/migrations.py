@@ -98,6 +98,11 @@ def main() -> None:
     chosen = settings(
         args.moves_per_day, args.move_risk, args.move_risk_growth, args.move_risk_grace, args.move_horizon_hours
     )
+    for setting in chosen:
+        try:
+            regroup_config(setting)
+        except ValueError as refused:
+            parser.error(f"setting '{setting}' (from --move-risk / --move-horizon-hours / growth / grace): {refused}")
     runs = [(mix, s) for mix in args.mixes for s in [SOLO, *chosen]]
     found: dict[tuple[str, str], dict[str, float]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:

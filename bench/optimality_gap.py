@@ -301,7 +301,10 @@ def main() -> None:
         args.mixes, args.jobs, args.quick, args.escalate = True, 60, 10, 1
     started = time.perf_counter()
     traces = chosen_traces(args)
-    regroup = RegroupConfig(move_risk_usd=args.move_risk_usd, horizon_s=args.move_horizon_hours * 3600)
+    try:
+        regroup = RegroupConfig(move_risk_usd=args.move_risk_usd, horizon_s=args.move_horizon_hours * 3600)
+    except ValueError as refused:
+        parser.error(f"--move-risk-usd / --move-horizon-hours: {refused}")
     with ProcessPoolExecutor(max_workers=max(1, args.workers), initializer=silence_stdout) as pool:
         each = len(traces)
         simulated = dict(
