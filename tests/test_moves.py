@@ -4,12 +4,13 @@ meanwhile, old nodes stay paid until its state has landed, and the move survives
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from rollmux.core.control import DONE, GUARD_SAMPLES, PROFILE_SAMPLES, RUNNING, ControlState, PhaseTiming
-from rollmux.core.regroup import RegroupConfig, RegroupState
+from rollmux.core.regroup import DAY, RegroupConfig, RegroupState
 from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Pool
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.service.store import Store
@@ -289,6 +290,27 @@ def test_a_job_about_to_end_is_not_moved_for_a_saving_it_would_not_live_to_repay
     for name in "bce":
         state.end(name, DONE, 1.0)
     assert state.regroup(replace(FREE_MOVES, move_risk_usd=12.0), RegroupState(), 3.0) == moved
+
+
+def test_a_long_horizon_does_not_make_a_dying_jobs_move_cheaper():
+    """As above with a 24-hour horizon: a, minutes from its end, must still repay the $12
+    risk within 10 minutes ($72/h against the $56.32/h it saves), not within a share of
+    the horizon (a twelfth of 24 hours would ask $6/h and move it)."""
+    state = control()
+    for name in "abcdef":
+        state.submit(replace(spec(name, slo=SLO), iterations=100), {}, 0.0)
+    for name in "abcdef":
+        state.activate(name, state.begin_session(name, 0.0).epoch, 0, 0.0)
+    for name in "bce":
+        state.end(name, DONE, 1.0)
+    assert state.regroup(replace(FREE_MOVES, move_risk_usd=12.0, horizon_s=DAY), RegroupState(), 3.0) == []
+
+
+@pytest.mark.parametrize("field", ["min_repay_s", "horizon_s"])
+@pytest.mark.parametrize("value", [0.0, -1.0, math.nan])
+def test_a_window_that_is_not_positive_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        RegroupConfig(**{field: value})
 
 
 def test_a_submitted_jobs_iterations_tell_the_control_plane_how_long_it_runs_on():

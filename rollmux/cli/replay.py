@@ -200,6 +200,7 @@ def scaled_regroup(time_scale: float) -> RegroupConfig:
         s_per_gb=default.s_per_gb / time_scale,
         pause_s=default.pause_s / time_scale,
         horizon_s=default.horizon_s / time_scale,
+        min_repay_s=default.min_repay_s / time_scale,
         move_risk_usd=default.move_risk_usd / time_scale,
     )
 

@@ -82,9 +82,10 @@ _EPS = 1e-6
 BROKEN_PENALTY = 1e6
 """Added to the price of keeping a group that breaks an SLO, so that it is repaired
 whenever any column can host its jobs (its jobs move even if the pause costs slack)."""
-MIN_REPAY_SHARE = 1 / 12
-"""A job about to end must still repay a move within this share of the horizon (10 minutes
-of 2 hours): its move is dear, not impossible (its group may break an SLO)."""
+MIN_REPAY_S = 600.0
+"""A job about to end must still repay a move within 10 minutes (or the horizon, when
+shorter): its move is dear, not impossible (its group may break an SLO). Seconds, not a
+share of the horizon, so a longer horizon does not make a dying job's move cheaper."""
 SEEDS = 24
 """Columns grown by one job per pricing round (those of least reduced cost)."""
 SWEEP_AT = 4096
@@ -98,6 +99,8 @@ class RegroupConfig:
     s_per_gb: float = 0.25
     pause_s: float = 30.0
     horizon_s: float = MOVE_HORIZON_S
+    min_repay_s: float = MIN_REPAY_S
+    """The shortest window a move of a job about to end is repaid over (:func:`_repay_window`)."""
     max_group: int = 6
     neighbourhood_jobs: int = 48
     """Jobs a round examines at most (touched groups first, then the dearest others). 48
@@ -169,8 +172,9 @@ class RegroupConfig:
         for name in ("s_per_gb", "pause_s", "moves_per_day", "move_risk_usd", "move_risk_growth", "move_risk_grace"):
             if (getattr(self, name) or 0.0) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        if self.horizon_s <= 0:
-            raise ValueError("horizon_s must be > 0")
+        for name in ("horizon_s", "min_repay_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
 
     def for_burst(self) -> RegroupConfig:
         """This configuration with ``burst_scale`` times the work budget of a round (still
@@ -581,10 +585,10 @@ class _Pricer:
 def _repay_window(config: RegroupConfig, progress: JobProgress | None) -> float:
     """Within how long a move of the job must repay its pause, lost work and risk: the
     horizon, or the job's expected remaining run time when shorter (a move saves nothing
-    after the job ends), at least ``MIN_REPAY_SHARE`` of the horizon."""
+    after the job ends), at least ``min_repay_s``."""
     if progress is None or progress.remaining_s is None:
         return config.horizon_s
-    return min(config.horizon_s, max(progress.remaining_s, MIN_REPAY_SHARE * config.horizon_s))
+    return min(config.horizon_s, max(progress.remaining_s, config.min_repay_s))
 
 
 def _duals(rows: Mapping[str, int], columns: Sequence[_Column]) -> np.ndarray:

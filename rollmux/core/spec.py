@@ -267,8 +267,8 @@ TRAIN_GPU_HOUR_USD = 5.28
 MOVE_HORIZON_S = 7200.0
 """Within how long regrouping expects a move's saving to repay its pause, lost work and
 risk (or within the mover's remaining life, when shorter). Longer horizons trade moves for
-dollars: on the production trace 8 hours at a $20 risk gives Solo / RollMux 1.970 with 1.89
-moves a job, but the bursty and long-lived 300-job mixes then move 2.3-2.8 times a job,
+dollars: on the production trace 8 hours at a $20 risk gives Solo / RollMux 1.969 with 1.78
+moves a job, but the bursty and long-lived 300-job mixes then move 2.7-2.8 times a job,
 where a burst soon changes the best grouping again (docs/results.md, "The move horizon")."""
 
 MOVE_RISK_USD = 10.0
