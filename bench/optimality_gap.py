@@ -17,13 +17,13 @@ consecutive ones spread over ``--workers`` processes (one per core by default).
 instead (uniform, rollout-heavy, training-heavy, bursty, long-lived; ``--jobs`` each);
 ``--fast`` is the mode that finishes within minutes: the five mixes at 60 jobs, every
 10th snapshot, no escalation, and no snapshot of more than 32 running jobs
-(``--max-snapshot-jobs``; those skipped are counted in the summary, and its gaps are over
-the snapshots bounded, so it reads low where the largest were the worst). Bounding one snapshot
-of 45-80 running jobs takes minutes on its own, and the bursty mix runs 40-80 jobs at once
-from its second burst on, whatever its length: at 120 jobs (the earlier ``--fast``) 12 of
-its 24 snapshots were that large and the mode took over 17 minutes; at 60 jobs without
-the cap, seed 1 drew two such snapshots and took 530 s against 113 s for seed 0
-(docs/results.md has the times measured). It is a check that runs in minutes, not the
+(``--max-snapshot-jobs``; those skipped are counted in the summary, and its gaps are
+over the snapshots bounded, so it reads low where the largest were the worst). Bounding
+one snapshot of 45-80 running jobs takes minutes on its own, and the bursty mix runs
+40-80 jobs at once from its second burst on, whatever its length: at 120 jobs (the
+earlier ``--fast``) 12 of its 24 snapshots were that large and the mode took over 17
+minutes; at 60 jobs without the cap, seed 1 drew two such snapshots and took 530 s
+against 113 s for seed 0 (docs/results.md has the times measured). It is a check that runs in minutes, not the
 measurement: that is ``--mixes`` at 300 jobs.
 ``charged_gap`` adds the migrations' dollars, as a share of the trace's cost, to the mean
 gap: the gap with regrouping's migrations charged.
@@ -59,10 +59,10 @@ from rollmux.sim.simulator import SimResult, simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 RUN = 8
+"""Consecutive snapshots one worker bounds in a row (warm starts carry within a run)."""
 FAST_SNAPSHOT_JOBS = 32
 """The largest snapshot ``--fast`` bounds. The bursty mix's bursts run 40-80 jobs, one
 such snapshot took 475 s; of 32 jobs or fewer the slowest took 166 s (seeds 0-2)."""
-"""Consecutive snapshots one worker bounds in a row (warm starts carry within a run)."""
 
 
 @dataclass(frozen=True)
