@@ -83,9 +83,11 @@ def test_membership_change_keeps_running_phases_and_progress():
     assert grown.may_start("j1", ROLLOUT) and grown.may_start("j0", TRAIN)
 
 
-def replay_with_joins(seats: list[Seat], joins: list[float], cycles: int = 40) -> dict[int, list[float]]:
+def replay_with_joins(seats: list[Seat], joins: list[float], cycles: int = 200) -> dict[int, list[float]]:
     """Event-driven turns where seat i joins the group's turns at ``joins[i]`` (the group
-    is rebuilt at each join, as the control plane rebuilds it): training ends per seat."""
+    is rebuilt at each join, as the control plane rebuilds it): training ends per seat,
+    over ``cycles`` times the group's total work after the last join. 200, not 40: a late
+    join can leave a transient that outlasts 40 (:func:`test_a_late_join_settles_after_a_long_transient`)."""
     names = [f"j{i}" for i in range(len(seats))]
     nodes = {n: JobNodes(s.rollout_nodes, s.train_nodes) for n, s in zip(names, seats, strict=False)}
     pending = sorted(range(len(seats)), key=lambda i: joins[i])
@@ -130,6 +132,18 @@ def test_jobs_joining_a_running_group_reach_its_planned_periods(seats, data):
     for seat, times in ends.items():
         last = times[-10:]
         assert math.isclose((last[-1] - last[0]) / (len(last) - 1), planned[seat], rel_tol=1e-6), (seat, joins)
+
+
+def test_a_late_join_settles_after_a_long_transient():
+    """Found by the test above on a clean clone: six jobs on one pair of nodes, one joining
+    at 327 s, still ran a period of 140 s (not the planned 141) 40 cycles of the group's
+    work later; 80 cycles later it runs 141 for good."""
+    sizes = [(1, 1), (9, 23), (60, 9), (8, 60), (60, 1), (3, 46)]
+    seats = [Seat(float(r), float(t), (0,), (100,)) for r, t in sizes]
+    ends = replay_with_joins(seats, [0.0, 0.0, 0.0, 0.0, 327.0, 0.0])
+    planned = steady_state(seats).periods
+    for seat, times in ends.items():
+        assert [b - a for a, b in zip(times[-11:-1], times[-10:], strict=True)] == 10 * [planned[seat]]
 
 
 def test_a_job_joining_while_its_partner_trains_does_not_chain_their_phases():
