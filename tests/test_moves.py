@@ -307,8 +307,16 @@ def test_a_long_horizon_does_not_make_a_dying_jobs_move_cheaper():
 
 
 @pytest.mark.parametrize("field", ["min_repay_s", "horizon_s"])
-@pytest.mark.parametrize("value", [0.0, -1.0, math.nan])
+@pytest.mark.parametrize("value", [0.0, -1.0, math.nan, math.inf])
 def test_a_window_that_is_not_positive_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        RegroupConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["s_per_gb", "pause_s", "moves_per_day", "move_risk_usd", "move_risk_growth"])
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf])
+def test_a_price_that_is_negative_or_not_finite_is_refused_by_name(field, value):
+    """A nan or infinite price would reach the regrouping LP (benches pass argparse floats)."""
     with pytest.raises(ValueError, match=field):
         RegroupConfig(**{field: value})
 

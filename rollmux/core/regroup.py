@@ -170,11 +170,13 @@ class RegroupConfig:
         if self.checks_per_event < self.checks_per_config or self.steps_per_event < self.steps_per_config:
             raise ValueError("an event's checks and steps must cover at least one search")
         for name in ("s_per_gb", "pause_s", "moves_per_day", "move_risk_usd", "move_risk_growth", "move_risk_grace"):
-            if (getattr(self, name) or 0.0) < 0:
-                raise ValueError(f"{name} must be >= 0")
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         for name in ("horizon_s", "min_repay_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
 
     def for_burst(self) -> RegroupConfig:
         """This configuration with ``burst_scale`` times the work budget of a round (still
