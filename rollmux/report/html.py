@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rollmux.core.roundrobin import Seat, timeline  # noqa: E402
 from rollmux.core.turns import PhaseRecord  # noqa: E402
 from rollmux.inputs.errors import InputError, read_json  # noqa: E402
-from rollmux.report.plots import cost_rate_plot  # noqa: E402
+from rollmux.report.plots import cost_rate_plot, save_figure  # noqa: E402
 from rollmux.report.timeline import gantt  # noqa: E402
 
 DAY = 86400.0
@@ -35,12 +35,6 @@ def load_results(path: Path) -> dict[str, Any]:
     if missing:
         raise InputError(path, "not a `rollmux simulate --json` result", field=missing[0])
     return data
-
-
-def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def nodes_plot(data: dict[str, Any], path: Path) -> Path:
@@ -56,7 +50,7 @@ def nodes_plot(data: dict[str, Any], path: Path) -> Path:
         ax.set_xlabel("days")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=110)
 
 
 def busy_plot(data: dict[str, Any], path: Path) -> Path:
@@ -71,7 +65,7 @@ def busy_plot(data: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(0, 100)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=110)
 
 
 def slowdown_cdf(data: dict[str, Any], path: Path) -> Path:
@@ -94,7 +88,7 @@ def slowdown_cdf(data: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("share of jobs")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=110)
 
 
 def group_gantt(data: dict[str, Any], path: Path, iterations: int = 3) -> Path | None:

@@ -13,6 +13,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 DAY = 86400.0
 
 
+def save_figure(fig: plt.Figure, path: Path, dpi: int = 120) -> Path:
+    """Write the figure as a PNG (its folder made if missing) and free it: pyplot keeps
+    every open figure, and a long report would otherwise hold them all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def cost_rate_plot(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, title: str) -> Path:
     """Step plot of each policy's cost rate ($/h) over trace time, one line per policy."""
     fig, ax = plt.subplots(figsize=(10, 4.5), constrained_layout=True)
@@ -28,11 +38,7 @@ def cost_rate_plot(series: Mapping[str, Sequence[tuple[float, float]]], path: Pa
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _time_weighted_mean(points: Sequence[tuple[float, float]]) -> float:
@@ -72,8 +78,4 @@ def frontier_plot(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

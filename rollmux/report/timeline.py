@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from rollmux.core.turns import PhaseRecord  # noqa: E402
+from rollmux.report.plots import save_figure  # noqa: E402
 
 
 def _origin(records: Sequence[PhaseRecord]) -> float:
@@ -88,7 +89,7 @@ def gantt(records: Sequence[PhaseRecord], path: Path, title: str) -> Path:
     ax.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[j]) for j in jobs]
     ax.legend(handles, jobs, loc="upper right", ncols=min(len(jobs), 6), fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 REWARD = "reward"
@@ -131,12 +132,4 @@ def reward_curves(histories: Mapping[str, Sequence[Mapping[str, float]]], path: 
     if rewarded:
         axes[1].legend()
     fig.suptitle(title)
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
