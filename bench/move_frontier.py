@@ -38,13 +38,12 @@ from optimality_gap import DATA, RUN, Snapshot, bound_run, silence_stdout, snaps
 
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import CostModel, Planning
+from rollmux.core.spec import HOUR, CostModel, Planning
 from rollmux.inputs.trace import Trace, load_profile, read_trace, uniform_slo
 from rollmux.report.plots import frontier_plot
 from rollmux.sim.generate import BENCH_SHAPES, generate
 from rollmux.sim.simulator import SimResult, simulate
 
-HOUR = 3600.0
 GAP_BAR, MOVES_BAR, RATIO_BAR = 0.03, 2.0, 1.95
 """Issue 27's bars: charged gap, moves per job, production Solo / RollMux."""
 FREE = "free and instant moves"

@@ -24,12 +24,10 @@ from pathlib import Path
 from rollmux.core.cluster import Cluster
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import Pool
+from rollmux.core.spec import HOUR, Pool
 from rollmux.inputs.trace import load_profile, read_trace, uniform_slo
 from rollmux.live.replay import window
 from rollmux.sim.simulator import simulate
-
-HOUR = 3600.0
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from rollmux.cli.main import app
 from rollmux.core.placement import RollMuxPolicy, SoloPolicy
-from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Pool
+from rollmux.core.spec import HOUR, CostModel, JobSpec, PhaseTime, Pool
 from rollmux.inputs.trace import Trace, TraceJob
 from rollmux.sim.compare import compare
 from rollmux.sim.failures import FailureModel, Recovery, RecoveryTimes
@@ -25,7 +25,6 @@ from rollmux.sim.simulator import simulate
 
 COST = CostModel()
 PAIR = COST.price(Pool.ROLLOUT) + COST.price(Pool.TRAIN)
-HOUR = 3600.0
 
 
 def spec(

@@ -27,6 +27,7 @@ from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import POLICIES, make_policy, place
 from rollmux.core.spec import (
     DEFAULT_PLANNING,
+    HOUR,
     MOVE_HORIZON_S,
     MOVE_RISK_GRACE,
     MOVE_RISK_GROWTH,
@@ -152,7 +153,7 @@ def simulate(
     ] = True,
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
-    move_horizon_hours: MoveHorizon = MOVE_HORIZON_S / 3600,
+    move_horizon_hours: MoveHorizon = MOVE_HORIZON_S / HOUR,
     move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
     move_risk_grace: MoveRiskGrace = MOVE_RISK_GRACE,
     rollout_cv: Annotated[
@@ -285,7 +286,7 @@ def simulate(
             regroup=RegroupConfig(
                 moves_per_day=moves_per_day,
                 move_risk_usd=move_risk_usd,
-                horizon_s=move_horizon_hours * 3600,
+                horizon_s=move_horizon_hours * HOUR,
                 move_risk_growth=move_risk_growth,
                 move_risk_grace=move_risk_grace,
             )
@@ -497,7 +498,7 @@ def failures_lines(result: Comparison) -> list[str]:
         + " ".join(f"{name}={a.interruptions}" for name, a in accounts.items())
     ]
     if result.failure_model and result.failure_model.replicas:
-        hours = " ".join(f"{name}={a.unreplicated_job_s / 3600:.1f}h" for name, a in accounts.items())
+        hours = " ".join(f"{name}={a.unreplicated_job_s / HOUR:.1f}h" for name, a in accounts.items())
         lines.append(f"jobs without a replica (no room on another training node or a standby): {hours}")
     return lines
 
@@ -516,9 +517,9 @@ def estimated_line(result: SimResult, named: int = 5) -> str:
     jobs = sorted(result.estimated_jobs().items(), key=lambda item: -item[1].colocated_s)
     if not jobs:
         return ""
-    hours = sum(a.colocated_s for _, a in jobs) / 3600.0
-    total = sum(a.colocated_s for a in result.jobs.values()) / 3600.0
-    shown = ", ".join(f"{name} ({a.colocated_s / 3600.0:,.1f} h)" for name, a in jobs[:named])
+    hours = sum(a.colocated_s for _, a in jobs) / HOUR
+    total = sum(a.colocated_s for a in result.jobs.values()) / HOUR
+    shown = ", ".join(f"{name} ({a.colocated_s / HOUR:,.1f} h)" for name, a in jobs[:named])
     more = f" and {len(jobs) - named} more" if len(jobs) > named else ""
     return (
         f"estimated ({result.policy}): {len(jobs)} jobs ran co-located on estimated times, {hours:,.1f} of "
@@ -832,7 +833,7 @@ def serve(
     ] = 0.25,
     moves_per_day: MovesPerDay = None,
     move_risk_usd: MoveRisk = MOVE_RISK_USD,
-    move_horizon_hours: MoveHorizon = MOVE_HORIZON_S / 3600,
+    move_horizon_hours: MoveHorizon = MOVE_HORIZON_S / HOUR,
     move_risk_growth: MoveRiskGrowth = MOVE_RISK_GROWTH,
     move_risk_grace: MoveRiskGrace = MOVE_RISK_GRACE,
     slo_guard: Annotated[
@@ -881,7 +882,7 @@ def serve(
             pause_s=migration_pause_s,
             moves_per_day=moves_per_day,
             move_risk_usd=move_risk_usd,
-            horizon_s=move_horizon_hours * 3600,
+            horizon_s=move_horizon_hours * HOUR,
             move_risk_growth=move_risk_growth,
             move_risk_grace=move_risk_grace,
         )

@@ -21,7 +21,7 @@ from rollmux.core.control import Capacity
 from rollmux.core.errors import RollMuxError
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import CostModel, Planning, Pool
+from rollmux.core.spec import HOUR, CostModel, Planning, Pool
 from rollmux.dataplane.connect import start_ray
 from rollmux.dataplane.warm import WarmOptions
 from rollmux.inputs.trace import Trace
@@ -120,7 +120,7 @@ def execute(
     ).start(timeout_s=START_S + WORKER_START_S * 2 * warm)
     try:
         client = Client(service.url, service.token)
-        hours = trace.end / 3600
+        hours = trace.end / HOUR
         with Progress(
             TextColumn("replay"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
         ) as progress:
@@ -130,7 +130,7 @@ def execute(
                 jobs = cluster["jobs"]
                 progress.update(
                     task,
-                    completed=trace_s / 3600,
+                    completed=trace_s / HOUR,
                     description=f"{trace_s / 3600:,.1f}/{hours:,.1f} h, {jobs['running']} running, "
                     f"{cluster['queued']} queued, nodes {cluster['nodes']['rollout']}+{cluster['nodes']['train']}, "
                     f"${cluster['cost_usd_per_hour']:,.0f}/h",

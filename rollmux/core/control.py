@@ -47,7 +47,7 @@ from rollmux.core.regroup import (
     plan_regroup,
 )
 from rollmux.core.roundrobin import ROLLOUT, TRAIN, fcfs_order
-from rollmux.core.spec import CostModel, JobSpec, PhaseTime, Planning, Pool
+from rollmux.core.spec import HOUR, CostModel, JobSpec, PhaseTime, Planning, Pool
 from rollmux.core.turns import CyclicTurns, JobNodes
 
 PENDING, PLACED, STARTING, RUNNING, LOST = "pending", "placed", "starting", "running", "lost"
@@ -74,7 +74,6 @@ ROBUST_SIGMA = 1.4826
 OUTLIER_SIGMAS = 3.0
 """Measured phases this many robust standard deviations from the median are stalls: the
 mean of a re-estimated profile leaves them out."""
-HOUR = 3600.0
 MIN_LOST_GRACE_S = 60.0
 LEASES_OF_GRACE = 6
 """By default a job may sit seated without a session for this many leases (at least

@@ -67,6 +67,7 @@ from rollmux.core.optimum import GroupPlan
 from rollmux.core.placement import RollMuxPolicy
 from rollmux.core.roundrobin import steady_state
 from rollmux.core.spec import (
+    HOUR,
     MOVE_HORIZON_S,
     MOVE_RISK_GRACE,
     MOVE_RISK_GROWTH,
@@ -76,7 +77,6 @@ from rollmux.core.spec import (
     Pool,
 )
 
-HOUR = 3600.0
 DAY = 24 * HOUR
 _EPS = 1e-6
 BROKEN_PENALTY = 1e6

@@ -261,6 +261,9 @@ class JobSpec:
         return self.rollout_mem_gb if pool is Pool.ROLLOUT else self.train_mem_gb
 
 
+HOUR = 3600.0
+"""Seconds in an hour: prices are per hour, every clock counts seconds."""
+
 TRAIN_GPU_HOUR_USD = 5.28
 """Published price of one training (H800) GPU-hour."""
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from rollmux.core.spec import CostModel, PhaseTime, Pool
+from rollmux.core.spec import HOUR, CostModel, PhaseTime, Pool
 from rollmux.inputs.runfile import JobSubmission
 from rollmux.inputs.trace import Trace, TraceJob
 from rollmux.sim.control_host import Recorded
@@ -39,7 +39,6 @@ from rollmux.sim.periods import CHANGES, PeriodJudgement, judge_periods
 from rollmux.wire.client import Client, ServiceError
 
 EMULATED = "rollmux.jobs.emulated:EmulatedJob.from_context"
-HOUR = 3600.0
 DRIVER_PID = re.compile(r"\bpid (\d+) on (\S+)")
 
 

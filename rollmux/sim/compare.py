@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass, field
 from rollmux.core.configs import COLOCATED_ESTIMATE_RULE
 from rollmux.core.placement import make_policy
 from rollmux.core.regroup import RegroupConfig
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, Planning
+from rollmux.core.spec import DEFAULT_PLANNING, HOUR, CostModel, Planning
 from rollmux.inputs.trace import Trace, check_colocated_times
 from rollmux.sim.control_host import HostCosts, simulate_control
 from rollmux.sim.failures import FailureModel
 from rollmux.sim.faults import FaultAccount, Faults
 from rollmux.sim.periods import PeriodJudgement, judge_periods
-from rollmux.sim.simulator import HOUR, Realisation, SimResult, fluid_lower_bound_usd, simulate
+from rollmux.sim.simulator import Realisation, SimResult, fluid_lower_bound_usd, simulate
 
 REFERENCE = "rollmux"
 ENGINES = ("fast", "control")
@@ -69,7 +69,7 @@ class Comparison:
             },
             "fluid_lower_bound": {
                 "cost_usd": self.fluid_usd,
-                "cost_usd_per_hour": self.fluid_usd / (self.results[ref].span_s / 3600.0),
+                "cost_usd_per_hour": self.fluid_usd / (self.results[ref].span_s / HOUR),
                 **{f"{name}_over_fluid": r.cost_usd / self.fluid_usd for name, r in self.results.items()},
             },
             "cost_rate": {name: r.cost_rate for name, r in self.results.items()},
@@ -81,7 +81,7 @@ class Comparison:
             "estimated": {
                 "rule": COLOCATED_ESTIMATE_RULE,
                 "colocated_job_hours": {
-                    name: {job: a.colocated_s / 3600.0 for job, a in r.estimated_jobs().items()}
+                    name: {job: a.colocated_s / HOUR for job, a in r.estimated_jobs().items()}
                     for name, r in self.results.items()
                 },
             },

@@ -52,7 +52,7 @@ from rollmux.core.control import ENDED_STATES, RUNNING, Capacity, ControlState, 
 from rollmux.core.placement import Policy
 from rollmux.core.regroup import RegroupConfig, RegroupPlan, RegroupState, new_node_pools, plan_regroup
 from rollmux.core.roundrobin import ROLLOUT, TRAIN
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool, RolloutTail
+from rollmux.core.spec import DEFAULT_PLANNING, HOUR, CostModel, JobSpec, Planning, Pool, RolloutTail
 from rollmux.core.turns import JobNodes
 from rollmux.inputs.trace import Trace
 from rollmux.service.store import Store
@@ -68,7 +68,7 @@ from rollmux.sim.faults import (
     schedule,
 )
 from rollmux.sim.periods import CHANGES
-from rollmux.sim.simulator import HOUR, JobAccount, SimResult
+from rollmux.sim.simulator import JobAccount, SimResult
 
 MAX_PHASES = 2_000_000
 """Phases a run may grant at most (each job's life over its solo iteration, twice): the

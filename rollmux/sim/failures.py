@@ -43,10 +43,9 @@ from enum import Enum
 
 from rollmux.core.cluster import Cluster
 from rollmux.core.replicas import Buddy, BuddyPlan, plan_buddies
-from rollmux.core.spec import CostModel, Pool
+from rollmux.core.spec import HOUR, CostModel, Pool
 from rollmux.inputs.trace import Trace
 
-HOUR = 3600.0
 MIN_MTBF_HOURS = 1.0
 """A node failing more often than hourly is broken, not unreliable."""
 MAX_MTBF_HOURS = 1_000_000.0

@@ -30,6 +30,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from rollmux.core.spec import HOUR
 from rollmux.inputs.trace import Trace
 
 DAY = 86_400.0
@@ -127,8 +128,8 @@ class FaultAccount:
             "injected": dict(self.injected),
             "missed": self.missed,
             "interruptions": self.interruptions,
-            "redo_job_hours": self.redo_s / 3600,
-            "down_job_hours": self.down_s / 3600,
+            "redo_job_hours": self.redo_s / HOUR,
+            "down_job_hours": self.down_s / HOUR,
             "standby_usd": self.standby_usd,
             "failed_jobs": list(self.failed_jobs),
             "checked_steps": self.checked_steps,

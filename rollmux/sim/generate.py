@@ -21,14 +21,13 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollmux.core.spec import JobSpec, PhaseTime
+from rollmux.core.spec import HOUR, JobSpec, PhaseTime
 from rollmux.inputs.catalog import host_memory_gb, node_width
 from rollmux.inputs.trace import Profile, Trace, TraceJob, load_profile
 
 PROFILE = Path(__file__).resolve().parents[2] / "data" / "traces" / "production-profile.json"
 MIXES = ("production", "training-heavy", "rollout-heavy")
 ARRIVALS = ("uniform", "bursty")
-HOUR = 3600.0
 
 
 @dataclass(frozen=True)

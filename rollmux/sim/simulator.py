@@ -16,12 +16,11 @@ from rollmux.core.cluster import Cluster
 from rollmux.core.placement import Policy, place
 from rollmux.core.regroup import JobProgress, RegroupConfig, RegroupState, apply_regroup, plan_regroup
 from rollmux.core.roundrobin import Seat, realised_periods
-from rollmux.core.spec import DEFAULT_PLANNING, CostModel, JobSpec, Planning, Pool, RolloutTail
+from rollmux.core.spec import DEFAULT_PLANNING, HOUR, CostModel, JobSpec, Planning, Pool, RolloutTail
 from rollmux.inputs.trace import Trace, TraceJob
 from rollmux.sim.failures import FailureAccount, FailureInjector, FailureModel, Interruption
 
 _SLO_TOL = 1e-9
-HOUR = 3600.0
 
 
 @dataclass(frozen=True)
