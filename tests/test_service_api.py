@@ -3,6 +3,7 @@ idempotent and transactional submission, paging, the CLI client."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import socket
 import stat
@@ -13,6 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import rollmux
 from rollmux.cli.main import app
 from tests.service_process import ServiceProcess
 
@@ -47,6 +49,13 @@ def raw_request(service: ServiceProcess, head: str, body: bytes = b"") -> tuple[
         conn.sendall(head.encode() + body)
         answer = conn.recv(4096).decode(errors="replace")
         return answer.split("\r\n")[0], time.monotonic() - start
+
+
+def test_the_api_reports_the_installed_packages_version(service):
+    """One version everywhere: the API's, the package's and the installed distribution's
+    (pyproject.toml), so that a bump of one without the others fails here."""
+    info = get(service, "/openapi.json").json()["info"]
+    assert info["version"] == rollmux.__version__ == importlib.metadata.version("rollmux")
 
 
 def test_token_file_is_private(service):

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rollmux import __version__
 from rollmux.core.control import Grant, PhaseTiming
 from rollmux.core.errors import (
     JobEnded,
@@ -417,7 +418,7 @@ def create_app(control: ControlPlane, token: str) -> Any:
         docs_url=None,
         redoc_url=None,
         title="RollMux",
-        version="0.2.0",
+        version=__version__,
         description="Control plane of RollMux: RL post-training jobs on disaggregated rollout and training pools.",
     )
     registry = CollectorRegistry()
