@@ -10,6 +10,7 @@ reason, and nothing is stored.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, Literal
@@ -23,7 +24,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollmux import __version__
 from rollmux.core.control import Grant, PhaseTiming
 from rollmux.core.errors import (
     JobEnded,
@@ -418,7 +418,7 @@ def create_app(control: ControlPlane, token: str) -> Any:
         docs_url=None,
         redoc_url=None,
         title="RollMux",
-        version=__version__,
+        version=importlib.metadata.version("rollmux"),  # pyproject.toml's: the package root would import the job side
         description="Control plane of RollMux: RL post-training jobs on disaggregated rollout and training pools.",
     )
     registry = CollectorRegistry()
