@@ -96,10 +96,11 @@ DEFAULT = setting_name({})
 
 
 def replay_mix(trace: Trace, config: RegroupConfig, chosen: tuple[int, ...]) -> MixRun:
-    return mix_run(*snapshots(trace, Planning.P95, config), chosen)
+    taken, _, result = snapshots(trace, Planning.P95, config)
+    return mix_run(taken, result, chosen)
 
 
-def mix_run(taken: list[Snapshot], cost: CostModel, result: SimResult, chosen: tuple[int, ...]) -> MixRun:
+def mix_run(taken: list[Snapshot], result: SimResult, chosen: tuple[int, ...]) -> MixRun:
     picked = [taken[i] for i in chosen]
     return MixRun(
         tuple(s.usd_h for s in picked),
@@ -166,7 +167,7 @@ def main() -> None:
         print(f"bounded in {time.perf_counter() - started:.0f} s; {proof(bounded)}", flush=True)
         print(f"replaying {len(configs)} settings ...", flush=True)
         figures = {name: {} for name in configs}
-        figures[DEFAULT] |= mix_figures(mix_run(taken, cost, default, chosen), taken, chosen, bounds)
+        figures[DEFAULT] |= mix_figures(mix_run(taken, default, chosen), taken, chosen, bounds)
         replays = [*mixes, *prods]
         for done, future in enumerate(as_completed(replays), 1):
             if future in mixes:
